@@ -1,0 +1,30 @@
+// Package broker is the contract between ferry and a message broker, and
+// the types every adapter shares.
+//
+// An adapter (brokers/rabbitmq, brokers/nats, ...) implements Broker by
+// mapping it to its broker's native mechanism and nothing more; the
+// framework (package outbox's relay and package worker) owns what must
+// behave the same on every broker: retry policy and attempt counting,
+// deduplication, validation, metrics and tracing.
+//
+// # Delivery semantics
+//
+// Delivery is at least once. Publish returns nil only after the broker
+// durably confirmed every message; a message is then delivered to every
+// queue whose bindings match its Type until one of its deliveries there is
+// settled. A message can arrive more than once: after a consumer crashed or
+// lost its connection before Ack, after an ack deadline expired, or because
+// the relay published it again when a confirm was lost. A duplicate carries
+// the same Message.ID, so an idempotent consumer (package worker) drops it.
+//
+// Order is kept only as far as Capabilities.Ordering says, and never across
+// retries: a retried message comes back after its delay, behind messages
+// published later.
+//
+// A retried message comes back only to the queue it failed in. After the
+// last attempt the worker moves it to the queue's DLQ (DLQName) with the
+// reason in HeaderLastError; DeadLetterQueue lists, replays and purges it
+// the same way on every broker.
+//
+// Package brokertest is the conformance suite every adapter runs.
+package broker

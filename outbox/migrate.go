@@ -1,0 +1,93 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// MigrationsTable is the goose version table of package outbox's migrations.
+const MigrationsTable = "ferry_outbox_migrations"
+
+// migrationLockID is the PostgreSQL advisory lock key that serialises
+// concurrent Migrate calls (several relays and workers starting at once).
+// It differs from goose's default so that other packages' migrations (the
+// app's notifications table) do not wait for ours.
+const migrationLockID int64 = 0x6665727279_0b // "ferry" + outbox
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrate brings the outbox schema up to date on the database of pool: the
+// outbox table with its partial index outbox_unprocessed_idx (WHERE
+// processed_at IS NULL), and the processed_messages table the workers
+// deduplicate with. The SQL is embedded in the binary; the applied versions
+// are recorded in MigrationsTable. Running it again is a no-op, and
+// concurrent calls from several processes are serialised by an advisory
+// lock. Errors wrap ErrMigrate.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if pool == nil {
+		return fmt.Errorf("%w: pool is nil", ErrMigrate)
+	}
+	p, db, err := newProvider(pool)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := p.Up(ctx); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+			return ctxErr
+		}
+		return fmt.Errorf("%w: %w", ErrMigrate, err)
+	}
+	return nil
+}
+
+// MigrationVersion returns the schema version applied on the database of
+// pool (0 when none) and the latest version embedded in this binary.
+func MigrationVersion(ctx context.Context, pool *pgxpool.Pool) (current, latest int64, err error) {
+	if pool == nil {
+		return 0, 0, fmt.Errorf("%w: pool is nil", ErrMigrate)
+	}
+	p, db, err := newProvider(pool)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer db.Close()
+	current, latest, err = p.GetVersions(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: %w", ErrMigrate, err)
+	}
+	return current, latest, nil
+}
+
+type closer interface{ Close() error }
+
+func newProvider(pool *pgxpool.Pool) (*goose.Provider, closer, error) {
+	fsys, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
+	}
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 600))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithTableName(MigrationsTable),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
+	}
+	return p, db, nil
+}

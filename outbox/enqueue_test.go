@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +25,14 @@ func enqueue(t testing.TB, pool *pgxpool.Pool, events ...outbox.Event) []int64 {
 		return err
 	}))
 	return ids
+}
+
+func events(n int, typ string) []outbox.Event {
+	out := make([]outbox.Event, n)
+	for i := range out {
+		out[i] = outbox.Event{Type: typ, Key: "k" + strconv.Itoa(i%7), Body: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+	}
+	return out
 }
 
 func TestEnqueueStoresRowsInOrder(t *testing.T) {

@@ -1,0 +1,592 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Defaults of RelayConfig; a zero field means the default.
+const (
+	DefaultBatchSize         = 100
+	DefaultConcurrency       = 2
+	DefaultPollInterval      = 500 * time.Millisecond
+	DefaultPublishTimeout    = 30 * time.Second
+	DefaultRetryBackoff      = time.Second
+	DefaultMaxRetryBackoff   = 5 * time.Minute
+	DefaultMaxBackoff        = 5 * time.Second
+	DefaultRetention         = 7 * 24 * time.Hour
+	DefaultRetentionInterval = 5 * time.Minute
+	DefaultRetentionBatch    = 1000
+)
+
+// MaxBatchSize is the largest RelayConfig.BatchSize accepted.
+const MaxBatchSize = 10000
+
+// minBackoff is the first pause after the broker or the database failed.
+const minBackoff = 100 * time.Millisecond
+
+// RelayConfig configures a Relay. The zero value of every optional field
+// means its documented default.
+type RelayConfig struct {
+	// Pool is the database holding the outbox (migrated by Migrate).
+	// Required. The relay uses up to Concurrency+1 of its connections, plus
+	// one dedicated connection of its own for LISTEN.
+	Pool *pgxpool.Pool
+	// Broker receives the messages. Required. The caller declares the
+	// topology on it (broker.Broker.Declare) before Run; a message whose
+	// Type no queue is bound to fails with broker.ErrUnroutable and is
+	// retried with backoff like any other failing row.
+	Broker broker.Broker
+	// BatchSize is the number of rows claimed and published per
+	// transaction, 1..MaxBatchSize. Defaults to DefaultBatchSize (100).
+	BatchSize int
+	// Concurrency is the number of claim loops run by one relay. They claim
+	// disjoint batches (SKIP LOCKED); one loop serves a light load, and
+	// the others join while batches come back full. Defaults to
+	// DefaultConcurrency (2).
+	Concurrency int
+	// PollInterval is how often the relay looks for rows without having
+	// been notified, a fallback for lost notifications. Defaults to
+	// DefaultPollInterval (500 ms).
+	PollInterval time.Duration
+	// PublishTimeout bounds one batch's broker.Broker.Publish. Defaults to
+	// DefaultPublishTimeout (30 s).
+	PublishTimeout time.Duration
+	// RetryBackoff is the delay before a row that failed for a reason of
+	// its own (broker.ErrUnroutable, broker.ErrMessageTooLarge,
+	// broker.ErrNacked) is claimed again after its first failure; it
+	// doubles with each further failure up to MaxRetryBackoff. Such rows are
+	// retried forever. Defaults to DefaultRetryBackoff (1 s).
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps RetryBackoff's doubling. Defaults to
+	// DefaultMaxRetryBackoff (5 min).
+	MaxRetryBackoff time.Duration
+	// MaxBackoff caps the pause of a claim loop while the broker or the
+	// database is unreachable (the pause starts at 100 ms and doubles).
+	// Defaults to DefaultMaxBackoff (5 s).
+	MaxBackoff time.Duration
+	// Retention is how long processed outbox rows and processed_messages
+	// rows are kept before the relay deletes them. Negative disables the
+	// deletion. Defaults to DefaultRetention (7 days).
+	Retention time.Duration
+	// RetentionInterval is the pause between two retention passes; the
+	// first runs when Run starts. Defaults to DefaultRetentionInterval
+	// (5 min).
+	RetentionInterval time.Duration
+	// RetentionBatch is the number of rows one retention DELETE removes,
+	// so that no statement holds locks for long. Defaults to
+	// DefaultRetentionBatch (1000).
+	RetentionBatch int
+	// Logger receives the relay's logs: one line per change of the
+	// broker's or database's availability (not one per batch), and one per
+	// batch with failed rows. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnBatch, when set, is called after every batch that claimed rows
+	// (and after a batch that failed), from the claim loop's goroutine; it
+	// must be quick. Meant for metrics.
+	OnBatch func(BatchStats)
+	// AfterPublish, when set, is called after Publish returned and before
+	// the batch's rows are marked. A non-nil error rolls the transaction
+	// back, as if the relay had crashed at that point: the rows stay
+	// unprocessed and are published again later. A test hook.
+	AfterPublish func(ctx context.Context, ids []int64) error
+}
+
+// BatchStats describes one batch of the relay, for RelayConfig.OnBatch.
+type BatchStats struct {
+	// Claimed is the number of rows claimed.
+	Claimed int
+	// Published is the number of rows confirmed by the broker and marked
+	// processed.
+	Published int
+	// Failed is the number of rows that were not confirmed.
+	Failed int
+	// Duration is the wall time of the whole batch, claim to commit.
+	Duration time.Duration
+	// Err is the batch's error: nil, a *broker.PublishError for rows that
+	// failed, or the broker's or database's error.
+	Err error
+}
+
+// Relay publishes committed outbox rows to a broker. Create it with
+// NewRelay; run it with Run, or drive it batch by batch with ProcessBatch.
+// Several relays, in one process or many, may run on the same database.
+type Relay struct {
+	cfg     RelayConfig
+	log     *slog.Logger
+	wake    chan struct{}
+	running atomic.Bool
+
+	mu          sync.Mutex
+	unavailable bool // the broker or the database failed the last batch
+}
+
+// NewRelay checks cfg, applies the defaults and returns a relay. Errors
+// wrap ErrInvalidConfig and name the field.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if cfg.Pool == nil {
+		return nil, fmt.Errorf("%w: Pool is required", ErrInvalidConfig)
+	}
+	if cfg.Broker == nil {
+		return nil, fmt.Errorf("%w: Broker is required", ErrInvalidConfig)
+	}
+	type dur struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}
+	for _, d := range []dur{
+		{"PollInterval", &cfg.PollInterval, DefaultPollInterval},
+		{"PublishTimeout", &cfg.PublishTimeout, DefaultPublishTimeout},
+		{"RetryBackoff", &cfg.RetryBackoff, DefaultRetryBackoff},
+		{"MaxRetryBackoff", &cfg.MaxRetryBackoff, DefaultMaxRetryBackoff},
+		{"MaxBackoff", &cfg.MaxBackoff, DefaultMaxBackoff},
+		{"RetentionInterval", &cfg.RetentionInterval, DefaultRetentionInterval},
+	} {
+		if *d.v < 0 {
+			return nil, fmt.Errorf("%w: %s %v: must not be negative", ErrInvalidConfig, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
+		return nil, fmt.Errorf("%w: MaxRetryBackoff %v: must be at least RetryBackoff %v", ErrInvalidConfig, cfg.MaxRetryBackoff, cfg.RetryBackoff)
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	switch {
+	case cfg.BatchSize < 0 || cfg.BatchSize > MaxBatchSize:
+		return nil, fmt.Errorf("%w: BatchSize %d: want 1..%d", ErrInvalidConfig, cfg.BatchSize, MaxBatchSize)
+	case cfg.BatchSize == 0:
+		cfg.BatchSize = DefaultBatchSize
+	}
+	switch {
+	case cfg.Concurrency < 0 || cfg.Concurrency > 64:
+		return nil, fmt.Errorf("%w: Concurrency %d: want 1..64", ErrInvalidConfig, cfg.Concurrency)
+	case cfg.Concurrency == 0:
+		cfg.Concurrency = DefaultConcurrency
+	}
+	switch {
+	case cfg.RetentionBatch < 0:
+		return nil, fmt.Errorf("%w: RetentionBatch %d: must not be negative", ErrInvalidConfig, cfg.RetentionBatch)
+	case cfg.RetentionBatch == 0:
+		cfg.RetentionBatch = DefaultRetentionBatch
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Relay{cfg: cfg, log: log.With("component", "outbox.relay"), wake: make(chan struct{}, 1)}, nil
+}
+
+// Config returns the relay's configuration with the defaults applied.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// Run publishes rows until ctx is done, then returns nil once its
+// goroutines have stopped (a batch in flight is finished and marked first,
+// within a few seconds). It listens for Enqueue's notifications on a
+// dedicated connection, reconnecting when it drops, polls every
+// PollInterval, runs Concurrency claim loops, and deletes old rows
+// every RetentionInterval. Unreachable brokers and databases are waited
+// out with backoff, not returned. Run returns an error only when the
+// broker was closed (broker.ErrClosed) or when it is already running.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: relay: Run called while already running")
+	}
+	defer r.running.Store(false)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		fatalMu  sync.Mutex
+		fatalErr error
+	)
+	wg.Go(func() { r.listen(ctx) })
+	wg.Go(func() { r.poll(ctx) })
+	if r.cfg.Retention > 0 {
+		wg.Go(func() { r.retain(ctx) })
+	}
+	for range r.cfg.Concurrency {
+		wg.Go(func() {
+			if err := r.claimLoop(ctx); err != nil {
+				fatalMu.Lock()
+				if fatalErr == nil {
+					fatalErr = err
+				}
+				fatalMu.Unlock()
+				cancel()
+			}
+		})
+	}
+	r.signal()
+	wg.Wait()
+	return fatalErr
+}
+
+// signal wakes one idle claim loop (or the next one to become idle).
+func (r *Relay) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) poll(ctx context.Context) {
+	t := time.NewTicker(r.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.signal()
+		}
+	}
+}
+
+// listen keeps a dedicated connection LISTENing on NotifyChannel and turns
+// each notification into a wake-up.
+func (r *Relay) listen(ctx context.Context) {
+	backoff := time.Duration(0)
+	broken := false
+	for ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ctx, r.cfg.Pool.Config().ConnConfig.Copy())
+		if err == nil {
+			if _, err = conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+				closeConn(conn)
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !broken {
+				r.log.Warn("outbox: relay: cannot LISTEN, relying on polling until it reconnects", "err", err)
+				broken = true
+			}
+			backoff = nextBackoff(backoff, r.cfg.MaxBackoff)
+			if !sleep(ctx, backoff) {
+				return
+			}
+			continue
+		}
+		if broken {
+			r.log.Info("outbox: relay: LISTEN connection restored")
+			broken = false
+		}
+		backoff = 0
+		r.signal() // rows committed while we were not listening
+		for {
+			if _, err = conn.WaitForNotification(ctx); err != nil {
+				break
+			}
+			r.signal()
+		}
+		closeConn(conn)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox: relay: LISTEN connection lost, reconnecting", "err", err)
+		broken = true
+	}
+}
+
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	conn.Close(ctx)
+}
+
+// claimLoop processes batches until ctx is done; it returns a non-nil
+// error only for a fatal condition (the broker was closed).
+func (r *Relay) claimLoop(ctx context.Context) error {
+	backoff := time.Duration(0)
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		res := r.processBatch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if res.fatal {
+			r.log.Error("outbox: relay: broker closed, stopping", "err", res.err)
+			return fmt.Errorf("outbox: relay: %w", res.err)
+		}
+		if res.outage {
+			r.setAvailable(false, res.err)
+			backoff = nextBackoff(backoff, r.cfg.MaxBackoff)
+			if !sleep(ctx, backoff) {
+				return nil
+			}
+			continue
+		}
+		r.setAvailable(true, nil)
+		backoff = 0
+		if res.claimed == r.cfg.BatchSize {
+			// More rows are probably waiting: let another loop join in and
+			// go on at once.
+			r.signal()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.wake:
+		}
+	}
+}
+
+// setAvailable logs a change of the broker's or database's availability,
+// once per change.
+func (r *Relay) setAvailable(ok bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !ok && !r.unavailable:
+		r.unavailable = true
+		r.log.Warn("outbox: relay: broker or database unavailable, backing off", "err", err)
+	case ok && r.unavailable:
+		r.unavailable = false
+		r.log.Info("outbox: relay: publishing again")
+	}
+}
+
+// nextBackoff doubles d from minBackoff up to max.
+func nextBackoff(d, max time.Duration) time.Duration {
+	if d < minBackoff {
+		return min(minBackoff, max)
+	}
+	return min(2*d, max)
+}
+
+// sleep waits d, with ±20% jitter, or until ctx is done (returns false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// ProcessBatch claims one batch of due rows, publishes it and marks it,
+// once, and returns the number of rows confirmed and marked processed. The
+// error is nil when every claimed row was published (also when there was
+// nothing to publish), a *broker.PublishError when some rows failed (they
+// were recorded with attempts+1 and last_error), or the broker's or
+// database's error. Tests and benchmarks use it to drive the relay by hand;
+// it may run concurrently with Run and other relays.
+func (r *Relay) ProcessBatch(ctx context.Context) (published int, err error) {
+	res := r.processBatch(ctx)
+	return res.published, res.err
+}
+
+type batchResult struct {
+	claimed, published, failed int
+	err                        error
+	outage                     bool // the broker or the database as a whole failed
+	fatal                      bool // the broker is closed
+}
+
+const claimSQL = `SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
+FROM outbox
+WHERE processed_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+const markSQL = `UPDATE outbox SET processed_at = now() WHERE id = ANY($1::bigint[])`
+
+const failSQL = `UPDATE outbox AS o
+SET attempts = o.attempts + 1,
+    last_error = f.err,
+    next_attempt_at = CASE WHEN f.delay_ms > 0 THEN now() + f.delay_ms * interval '1 millisecond' END
+FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, err, delay_ms)
+WHERE o.id = f.id`
+
+func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
+	start := time.Now()
+	defer func() {
+		if r.cfg.OnBatch != nil && (res.claimed > 0 || res.err != nil) && ctx.Err() == nil {
+			r.cfg.OnBatch(BatchStats{Claimed: res.claimed, Published: res.published, Failed: res.failed,
+				Duration: time.Since(start), Err: res.err})
+		}
+	}()
+	dbErr := func(op string, err error) batchResult {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return batchResult{err: ctxErr}
+		}
+		return batchResult{err: fmt.Errorf("outbox: relay: %s: %w", op, err), outage: true}
+	}
+
+	tx, err := r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return dbErr("begin", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx) // a no-op after Commit
+	}()
+
+	rows, err := tx.Query(ctx, claimSQL, r.cfg.BatchSize)
+	if err != nil {
+		return dbErr("claim", err)
+	}
+	var (
+		msgs     []*broker.Message
+		ids      []int64
+		attempts []int
+	)
+	for rows.Next() {
+		var (
+			id         int64
+			m          broker.Message
+			rawHeaders []byte
+			occurredAt time.Time
+			att        int
+		)
+		if err := rows.Scan(&id, &m.Type, &m.Key, &m.Body, &rawHeaders, &occurredAt, &att); err != nil {
+			rows.Close()
+			return dbErr("claim", err)
+		}
+		m.ID = strconv.FormatInt(id, 10)
+		m.Headers = map[string]string{}
+		if len(rawHeaders) > 2 {
+			if err := json.Unmarshal(rawHeaders, &m.Headers); err != nil {
+				// Only Enqueue writes rows; a hand-written row with
+				// non-string header values is published without them
+				// rather than blocking the outbox.
+				r.log.Warn("outbox: relay: ignoring unreadable headers", "id", id, "err", err)
+				m.Headers = map[string]string{}
+			}
+		}
+		m.Headers[broker.HeaderCreatedAt] = broker.FormatTime(occurredAt)
+		msgs = append(msgs, &m)
+		ids = append(ids, id)
+		attempts = append(attempts, att)
+	}
+	if err := rows.Err(); err != nil {
+		return dbErr("claim", err)
+	}
+	res.claimed = len(msgs)
+	if len(msgs) == 0 {
+		if err := tx.Commit(ctx); err != nil {
+			return dbErr("commit", err)
+		}
+		return res
+	}
+
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	perr := r.cfg.Broker.Publish(pctx, msgs)
+	cancel()
+	if errors.Is(perr, broker.ErrClosed) {
+		res.err, res.fatal = perr, true
+		return res
+	}
+	if r.cfg.AfterPublish != nil {
+		if err := r.cfg.AfterPublish(ctx, ids); err != nil {
+			res.err = fmt.Errorf("outbox: relay: after publish: %w", err)
+			return res
+		}
+	}
+	failed := broker.FailedIndexes(perr, len(msgs))
+	shutdown := ctx.Err() != nil
+
+	// Mark even when ctx was cancelled meanwhile: the broker has the
+	// confirmed messages, and not marking them would publish them again.
+	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer mcancel()
+	okIDs := make([]int64, 0, len(msgs)-len(failed))
+	var (
+		failIDs    []int64
+		failErrs   []string
+		failDelays []int64
+		rowOnly    = true
+	)
+	for i, id := range ids {
+		ferr, bad := failed[i]
+		if !bad {
+			okIDs = append(okIDs, id)
+			continue
+		}
+		if shutdown && (errors.Is(ferr, context.Canceled) || errors.Is(ferr, context.DeadlineExceeded)) {
+			continue // interrupted by our own shutdown: not the row's failure
+		}
+		var delay time.Duration
+		if rowFailure(ferr) {
+			delay = retryDelay(attempts[i], r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
+		} else {
+			rowOnly = false
+		}
+		failIDs = append(failIDs, id)
+		failErrs = append(failErrs, broker.TruncateReason(ferr.Error()))
+		failDelays = append(failDelays, delay.Milliseconds())
+	}
+	b := &pgx.Batch{}
+	if len(okIDs) > 0 {
+		b.Queue(markSQL, okIDs)
+	}
+	if len(failIDs) > 0 {
+		b.Queue(failSQL, failIDs, failErrs, failDelays)
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(mctx, b).Close(); err != nil {
+			return batchResult{claimed: len(msgs), err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown}
+		}
+	}
+	if err := tx.Commit(mctx); err != nil {
+		return batchResult{claimed: len(msgs), err: fmt.Errorf("outbox: relay: commit: %w", err), outage: !shutdown}
+	}
+	res.published = len(okIDs)
+	res.failed = len(failed)
+	if perr != nil {
+		res.err = perr
+		res.outage = !rowOnly
+		if rowOnly && len(failIDs) > 0 {
+			r.log.Warn("outbox: relay: messages failed to publish, retrying them later",
+				"failed", len(failIDs), "first_id", failIDs[0], "err", failErrs[0])
+		}
+	}
+	return res
+}
+
+// rowFailure reports whether err is a failure of the message itself rather
+// than of the broker as a whole.
+func rowFailure(err error) bool {
+	return errors.Is(err, broker.ErrUnroutable) || errors.Is(err, broker.ErrMessageTooLarge) || errors.Is(err, broker.ErrNacked)
+}
+
+// retryDelay is base * 2^attempts, capped at max (attempts before this
+// failure).
+func retryDelay(attempts int, base, max time.Duration) time.Duration {
+	d := base
+	for range min(attempts, 40) {
+		d *= 2
+		if d >= max {
+			return max
+		}
+	}
+	return min(d, max)
+}

@@ -1,0 +1,100 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PruneResult counts the rows one Prune deleted.
+type PruneResult struct {
+	// Outbox is the number of processed outbox rows deleted.
+	Outbox int64
+	// ProcessedMessages is the number of processed_messages rows deleted.
+	ProcessedMessages int64
+}
+
+const pruneOutboxSQL = `DELETE FROM outbox WHERE id IN (
+	SELECT id FROM outbox
+	WHERE processed_at IS NOT NULL AND processed_at < now() - $1::bigint * interval '1 millisecond'
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+
+const pruneProcessedSQL = `DELETE FROM processed_messages WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM processed_messages
+	WHERE processed_at < now() - $1::bigint * interval '1 millisecond'
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+
+// Prune deletes outbox rows processed more than olderThan ago (rows not
+// yet processed are never deleted) and processed_messages rows recorded
+// more than olderThan ago, batch rows per DELETE statement (batch <= 0
+// means DefaultRetentionBatch), until none is left. Each statement is its
+// own short transaction, so Prune can run beside a busy relay; several
+// Prunes at once skip each other's rows. It returns what it deleted, also
+// when it stops early on an error or on ctx.
+func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, batch int) (PruneResult, error) {
+	var res PruneResult
+	if pool == nil {
+		return res, errors.New("outbox: prune: pool is nil")
+	}
+	if olderThan < 0 {
+		return res, fmt.Errorf("outbox: prune: olderThan %v: must not be negative", olderThan)
+	}
+	if batch <= 0 {
+		batch = DefaultRetentionBatch
+	}
+	for _, step := range []struct {
+		table string
+		sql   string
+		n     *int64
+	}{
+		{"outbox", pruneOutboxSQL, &res.Outbox},
+		{"processed_messages", pruneProcessedSQL, &res.ProcessedMessages},
+	} {
+		for {
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			tag, err := pool.Exec(ctx, step.sql, olderThan.Milliseconds(), batch)
+			if err != nil {
+				if ctxErr := ctx.Err(); ctxErr != nil {
+					return res, ctxErr
+				}
+				return res, fmt.Errorf("outbox: prune %s: %w", step.table, err)
+			}
+			*step.n += tag.RowsAffected()
+			if tag.RowsAffected() < int64(batch) {
+				break
+			}
+		}
+	}
+	return res, nil
+}
+
+// retain runs Prune at start and every RetentionInterval until ctx is done.
+func (r *Relay) retain(ctx context.Context) {
+	failing := false
+	for {
+		res, err := Prune(ctx, r.cfg.Pool, r.cfg.Retention, r.cfg.RetentionBatch)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil && !failing:
+			failing = true
+			r.log.Warn("outbox: relay: retention failed, will retry", "err", err)
+		case err == nil:
+			failing = false
+			if res.Outbox > 0 || res.ProcessedMessages > 0 {
+				r.log.Debug("outbox: relay: retention", "outbox_deleted", res.Outbox, "processed_messages_deleted", res.ProcessedMessages)
+			}
+		}
+		if !sleep(ctx, r.cfg.RetentionInterval) {
+			return
+		}
+	}
+}

@@ -1,0 +1,105 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// MaxParkedRows is the number of parked rows Stats.ParkedRows lists.
+const MaxParkedRows = 20
+
+// Stats is a snapshot of the outbox, for `ferry outbox stats`, metrics and
+// the backlog alert.
+type Stats struct {
+	// Unprocessed is the number of rows not yet published (parked rows
+	// included).
+	Unprocessed int64
+	// OldestUnprocessedAge is how long ago the oldest unprocessed row was
+	// enqueued (by the database clock); 0 when there is none.
+	OldestUnprocessedAge time.Duration
+	// ProcessedLastMinute is the number of rows marked processed in the
+	// last minute.
+	ProcessedLastMinute int64
+	// ProcessedLastHour is the number of rows marked processed in the
+	// last hour.
+	ProcessedLastHour int64
+	// Parked is the number of unprocessed rows whose publication already
+	// failed at least once (attempts > 0).
+	Parked int64
+	// ParkedRows lists up to MaxParkedRows parked rows, oldest first.
+	ParkedRows []ParkedRow
+}
+
+// ParkedRow is an unprocessed row whose publication failed.
+type ParkedRow struct {
+	// ID is the row id (the message ID as a decimal number).
+	ID int64
+	// Type is the event type.
+	Type string
+	// Attempts is the number of failed publications.
+	Attempts int
+	// LastError is the reason of the last failure.
+	LastError string
+	// OccurredAt is when the row was enqueued.
+	OccurredAt time.Time
+	// NextAttemptAt is when the relay will try it again; zero means at the
+	// next batch.
+	NextAttemptAt time.Time
+}
+
+const statsSQL = `SELECT
+	(SELECT count(*) FROM outbox WHERE processed_at IS NULL),
+	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)) * 1000, 0)::bigint
+	   FROM (SELECT occurred_at FROM outbox WHERE processed_at IS NULL ORDER BY id LIMIT 1000) o),
+	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 minute'),
+	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 hour'),
+	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND attempts > 0)`
+
+const parkedSQL = `SELECT id, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at
+FROM outbox WHERE processed_at IS NULL AND attempts > 0 ORDER BY id LIMIT $1`
+
+// ReadStats reads a Stats snapshot from the database of pool. It only
+// reads (index scans on the partial indexes), so it is cheap enough for a
+// metrics scrape.
+func ReadStats(ctx context.Context, pool *pgxpool.Pool) (Stats, error) {
+	var s Stats
+	if pool == nil {
+		return s, errors.New("outbox: stats: pool is nil")
+	}
+	wrap := func(err error) error {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return ctxErr
+		}
+		return fmt.Errorf("outbox: stats: %w", err)
+	}
+	var ageMS int64
+	if err := pool.QueryRow(ctx, statsSQL).Scan(&s.Unprocessed, &ageMS, &s.ProcessedLastMinute, &s.ProcessedLastHour, &s.Parked); err != nil {
+		return Stats{}, wrap(err)
+	}
+	s.OldestUnprocessedAge = max(time.Duration(ageMS)*time.Millisecond, 0)
+	if s.Parked == 0 {
+		return s, nil
+	}
+	rows, err := pool.Query(ctx, parkedSQL, MaxParkedRows)
+	if err != nil {
+		return Stats{}, wrap(err)
+	}
+	s.ParkedRows, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ParkedRow, error) {
+		var p ParkedRow
+		var next *time.Time
+		err := row.Scan(&p.ID, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
+		if next != nil {
+			p.NextAttemptAt = *next
+		}
+		return p, err
+	})
+	if err != nil {
+		return Stats{}, wrap(err)
+	}
+	return s, nil
+}

@@ -1,0 +1,290 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Metric names, for tests, dashboards and the Prometheus rules in
+// compose/prometheus/alerts.yml.
+const (
+	OutboxUnprocessedRows    = "ferry_outbox_unprocessed_rows"
+	OutboxOldestAgeSeconds   = "ferry_outbox_oldest_unprocessed_age_seconds"
+	RelayPublishedTotal      = "ferry_relay_published_total"
+	RelayPublishErrorsTotal  = "ferry_relay_publish_errors_total"
+	RelayBatchDuration       = "ferry_relay_batch_duration_seconds"
+	WorkerMessagesTotal      = "ferry_worker_messages_total"
+	WorkerHandlerDuration    = "ferry_worker_handler_duration_seconds"
+	WorkerEndToEndLatency    = "ferry_worker_end_to_end_latency_seconds"
+	BrokerLabel              = "broker"
+	OutcomeLabel             = "outcome"
+	DefaultOutboxStatTimeout = 2 * time.Second
+)
+
+// Worker outcomes, the values of the outcome label; they equal
+// worker.Outcome's String values.
+const (
+	OutcomeAck       = "ack"
+	OutcomeRetry     = "retry"
+	OutcomeDead      = "dead"
+	OutcomeDuplicate = "duplicate"
+)
+
+// ErrConfig is wrapped by the errors New and NewOutboxCollector return for
+// bad arguments.
+var ErrConfig = errors.New("metrics: invalid argument")
+
+// Buckets of the histograms, in seconds.
+var (
+	// BatchBuckets: a relay batch is one claim, one Publish with confirms
+	// and one commit: milliseconds normally, up to the publish timeout.
+	BatchBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	// HandlerBuckets: one handler attempt (an SMTP send is tens of ms).
+	HandlerBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	// LatencyBuckets: create-to-handled, which includes retry delays.
+	LatencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+)
+
+// Metrics holds the relay and worker series of one process. Its methods
+// may be called concurrently, and on a nil *Metrics (they do nothing).
+type Metrics struct {
+	published      prometheus.Counter
+	publishErrors  prometheus.Counter
+	batchDuration  prometheus.Histogram
+	messages       *prometheus.CounterVec
+	handlerSeconds prometheus.Histogram
+	latency        prometheus.Histogram
+	now            func() time.Time
+}
+
+// New creates the relay and worker series with the constant label
+// broker=brokerName and registers them on reg. brokerName must not be
+// empty. It fails (wrapping ErrConfig, or the registry's
+// prometheus.AlreadyRegisteredError) when the series are already
+// registered on reg: create one Metrics per process and share it between
+// the roles that process runs.
+func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
+	if reg == nil {
+		return nil, fmt.Errorf("%w: registerer is nil", ErrConfig)
+	}
+	if brokerName == "" {
+		return nil, fmt.Errorf("%w: broker name is empty", ErrConfig)
+	}
+	m := &Metrics{
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: RelayPublishedTotal,
+			Help: "Outbox rows the relay published and the broker confirmed.",
+		}),
+		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: RelayPublishErrorsTotal,
+			Help: "Outbox rows whose publication failed (they stay in the outbox and are retried).",
+		}),
+		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    RelayBatchDuration,
+			Help:    "Duration of one relay batch, from claiming the rows to committing them, in seconds.",
+			Buckets: BatchBuckets,
+		}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: WorkerMessagesTotal,
+			Help: "Deliveries the worker settled, by outcome (ack, retry, dead, duplicate).",
+		}, []string{OutcomeLabel}),
+		handlerSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    WorkerHandlerDuration,
+			Help:    "Duration of one handling attempt (dedup insert, handler, commit), in seconds; duplicates excluded.",
+			Buckets: HandlerBuckets,
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    WorkerEndToEndLatency,
+			Help:    "Time from the outbox row's commit (x-created-at header) to the worker's ack, in seconds.",
+			Buckets: LatencyBuckets,
+		}),
+		now: time.Now,
+	}
+	for _, o := range []string{OutcomeAck, OutcomeRetry, OutcomeDead, OutcomeDuplicate} {
+		m.messages.WithLabelValues(o) // export zeros, so rate() works from the first delivery
+	}
+	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{BrokerLabel: brokerName}, reg)
+	for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchDuration, m.messages, m.handlerSeconds, m.latency} {
+		if err := wrapped.Register(c); err != nil {
+			return nil, fmt.Errorf("metrics: register: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// ObserveBatch records one relay batch: published rows confirmed by the
+// broker, failed rows not confirmed, and the batch's wall time. It fits
+// outbox.RelayConfig.OnBatch:
+//
+//	OnBatch: func(s outbox.BatchStats) { m.ObserveBatch(s.Published, s.Failed, s.Duration) }
+func (m *Metrics) ObserveBatch(published, failed int, duration time.Duration) {
+	if m == nil {
+		return
+	}
+	if published > 0 {
+		m.published.Add(float64(published))
+	}
+	if failed > 0 {
+		m.publishErrors.Add(float64(failed))
+	}
+	m.batchDuration.Observe(duration.Seconds())
+}
+
+// ObserveOutcome records one settled delivery: the outcome (OutcomeAck,
+// OutcomeRetry, OutcomeDead, OutcomeDuplicate; any other non-empty value is
+// counted under its own label, an empty one as "unknown") and the time the
+// attempt took. For OutcomeAck it also records the end-to-end latency from
+// msg's broker.HeaderCreatedAt header; a message without a parseable one
+// (published by something other than the relay) has no latency sample. It
+// fits worker.Config.OnOutcome:
+//
+//	OnOutcome: func(msg *broker.Message, o worker.Outcome, d time.Duration) { m.ObserveOutcome(msg, o.String(), d) }
+func (m *Metrics) ObserveOutcome(msg *broker.Message, outcome string, handlerDuration time.Duration) {
+	if m == nil {
+		return
+	}
+	if outcome == "" {
+		outcome = "unknown"
+	}
+	m.messages.WithLabelValues(outcome).Inc()
+	if outcome == OutcomeDuplicate {
+		return
+	}
+	m.handlerSeconds.Observe(handlerDuration.Seconds())
+	if outcome != OutcomeAck || msg == nil {
+		return
+	}
+	created, err := time.Parse(time.RFC3339Nano, msg.Headers[broker.HeaderCreatedAt])
+	if err != nil {
+		return
+	}
+	lat := m.now().Sub(created)
+	if lat < 0 { // clock skew between the database and this host
+		lat = 0
+	}
+	m.latency.Observe(lat.Seconds())
+}
+
+// StatsFunc reports the outbox backlog: unprocessed rows and the age of the
+// oldest one (0 when none). Adapt outbox.ReadStats:
+//
+//	func(ctx context.Context) (int, time.Duration, error) {
+//		s, err := outbox.ReadStats(ctx, pool)
+//		return int(s.Unprocessed), s.OldestUnprocessedAge, err
+//	}
+type StatsFunc func(ctx context.Context) (unprocessed int, oldest time.Duration, err error)
+
+// OutboxCollector is a prometheus.Collector that calls a StatsFunc at
+// every scrape and exports ferry_outbox_unprocessed_rows and
+// ferry_outbox_oldest_unprocessed_age_seconds. When the StatsFunc fails or
+// exceeds its timeout, the scrape omits both series (the error is logged
+// by Handler) instead of exporting a stale or zero value.
+type OutboxCollector struct {
+	stats   StatsFunc
+	timeout time.Duration
+	rows    *prometheus.Desc
+	age     *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*OutboxCollector)(nil)
+
+// NewOutboxCollector returns a collector for the outbox gauges with the
+// constant label broker=brokerName. timeout bounds one StatsFunc call;
+// 0 means DefaultOutboxStatTimeout (2 s). Register it with
+// RegisterOutbox or reg.MustRegister.
+func NewOutboxCollector(brokerName string, stats StatsFunc, timeout time.Duration) (*OutboxCollector, error) {
+	if brokerName == "" {
+		return nil, fmt.Errorf("%w: broker name is empty", ErrConfig)
+	}
+	if stats == nil {
+		return nil, fmt.Errorf("%w: stats func is nil", ErrConfig)
+	}
+	if timeout < 0 {
+		return nil, fmt.Errorf("%w: timeout %s is negative", ErrConfig, timeout)
+	}
+	if timeout == 0 {
+		timeout = DefaultOutboxStatTimeout
+	}
+	labels := prometheus.Labels{BrokerLabel: brokerName}
+	return &OutboxCollector{
+		stats:   stats,
+		timeout: timeout,
+		rows: prometheus.NewDesc(OutboxUnprocessedRows,
+			"Outbox rows not yet published (read from the database at scrape time).", nil, labels),
+		age: prometheus.NewDesc(OutboxOldestAgeSeconds,
+			"Age of the oldest unprocessed outbox row in seconds, 0 when there is none.", nil, labels),
+	}, nil
+}
+
+// RegisterOutbox creates an OutboxCollector with the default timeout and
+// registers it on reg.
+func RegisterOutbox(reg prometheus.Registerer, brokerName string, stats StatsFunc) error {
+	if reg == nil {
+		return fmt.Errorf("%w: registerer is nil", ErrConfig)
+	}
+	c, err := NewOutboxCollector(brokerName, stats, 0)
+	if err != nil {
+		return err
+	}
+	if err := reg.Register(c); err != nil {
+		return fmt.Errorf("metrics: register outbox collector: %w", err)
+	}
+	return nil
+}
+
+// Describe implements prometheus.Collector.
+func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.rows
+	ch <- c.age
+}
+
+// Collect implements prometheus.Collector: one StatsFunc call per scrape.
+func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	n, age, err := c.stats(ctx)
+	if err != nil {
+		err = fmt.Errorf("metrics: outbox stats: %w", err)
+		ch <- prometheus.NewInvalidMetric(c.rows, err)
+		ch <- prometheus.NewInvalidMetric(c.age, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age.Seconds())
+}
+
+// NewRegistry returns a registry holding the Go runtime and process
+// collectors, the usual base for Handler.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Handler serves the metrics gathered from g in the Prometheus text (or
+// negotiated OpenMetrics) format; mount it at GET /metrics. A collector
+// that fails (e.g. the outbox collector while the database is down) is
+// logged at ERROR on slog.Default() and left out; the other series are
+// still served with status 200.
+func Handler(g prometheus.Gatherer) http.Handler {
+	logger := slog.Default()
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		ErrorLog:          slogPrinter{logger},
+		ErrorHandling:     promhttp.ContinueOnError,
+		EnableOpenMetrics: true,
+	})
+}
+
+type slogPrinter struct{ l *slog.Logger }
+
+func (p slogPrinter) Println(v ...any) { p.l.Error("metrics: " + fmt.Sprint(v...)) }

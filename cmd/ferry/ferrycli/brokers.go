@@ -1,0 +1,124 @@
+package ferrycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
+)
+
+// BrokerOptions are the command-line settings a broker constructor may use.
+type BrokerOptions struct {
+	// RabbitMQURL is --rabbitmq-url, an amqp:// URL.
+	RabbitMQURL string
+	// NATSURL is --nats-url, a nats:// URL.
+	NATSURL string
+	// Logger receives the adapter's logs.
+	Logger *slog.Logger
+}
+
+// BrokerFunc opens a broker. It returns an error when the broker cannot be
+// reached; callers that must wait for a broker retry it.
+type BrokerFunc func(ctx context.Context, o BrokerOptions) (broker.Broker, error)
+
+// Brokers maps each --broker name to its adapter's constructor: the one
+// place where an adapter is wired into the command. The end-to-end tests
+// range over it, so a broker added here is tested end to end.
+var Brokers = map[string]BrokerFunc{
+	"rabbitmq": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
+		return rabbitmq.New(ctx, rabbitmq.Config{URL: o.RabbitMQURL, Logger: o.Logger})
+	},
+}
+
+// plannedBrokers are --broker names that are recognised but whose adapters
+// are not built yet.
+var plannedBrokers = []string{"kafka", "sqs"}
+
+// Errors of OpenBroker.
+var (
+	// ErrUnknownBroker is returned for a --broker name ferry does not know.
+	ErrUnknownBroker = errors.New("ferry: unknown broker")
+	// ErrBrokerNotAvailable is returned for a --broker name that is
+	// planned but whose adapter is not built yet (kafka, sqs).
+	ErrBrokerNotAvailable = errors.New("ferry: broker not available yet")
+)
+
+// BrokerNames returns the names in Brokers, sorted.
+func BrokerNames() []string {
+	names := make([]string, 0, len(Brokers))
+	for n := range Brokers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// lookupBroker returns the constructor of name, or an error wrapping
+// ErrUnknownBroker or ErrBrokerNotAvailable that lists the choices.
+func lookupBroker(name string) (BrokerFunc, error) {
+	if f, ok := Brokers[name]; ok {
+		return f, nil
+	}
+	avail := strings.Join(BrokerNames(), ", ")
+	if slices.Contains(plannedBrokers, name) {
+		return nil, fmt.Errorf("%w: --broker %s: its adapter is not built yet; available: %s", ErrBrokerNotAvailable, name, avail)
+	}
+	return nil, fmt.Errorf("%w: --broker %q: want one of: %s", ErrUnknownBroker, name, avail)
+}
+
+// OpenBroker opens the broker named name with o, once.
+func OpenBroker(ctx context.Context, name string, o BrokerOptions) (broker.Broker, error) {
+	f, err := lookupBroker(name)
+	if err != nil {
+		return nil, err
+	}
+	return f(ctx, o)
+}
+
+// connectBroker opens the broker and declares t on it, retrying with
+// backoff (0.5 s doubling to 5 s) while the broker cannot be reached, so
+// a relay or worker started before its broker waits for it. It returns
+// only a lookup error, a topology the broker refuses as unsupported, or
+// ctx's error.
+func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, log *slog.Logger) (broker.Broker, error) {
+	f, err := lookupBroker(name)
+	if err != nil {
+		return nil, err
+	}
+	backoff := 500 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		b, err := f(ctx, o)
+		if err == nil {
+			err = b.Declare(ctx, t)
+			if err == nil {
+				if attempt > 1 {
+					log.Info("broker reachable", "broker", name)
+				}
+				return b, nil
+			}
+			_ = b.Close()
+			if errors.Is(err, broker.ErrUnsupported) {
+				return nil, fmt.Errorf("ferry: %s: declare topology: %w", name, err)
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			log.Warn("broker not reachable; retrying", "broker", name, "attempt", attempt, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}

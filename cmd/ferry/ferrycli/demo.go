@@ -1,0 +1,463 @@
+package ferrycli
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// sampleNDJSON is demo's built-in input: 50 valid notification requests in
+// several languages and 5 invalid ones (missing and malformed address,
+// unknown channel, empty body, a number where a string belongs).
+//
+//go:embed sample.ndjson
+var sampleNDJSON []byte
+
+const (
+	flagFile    = "file"
+	flagTimeout = "timeout"
+	flagClients = "clients"
+)
+
+func demoCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "run api, relay and worker, post every line of --file (or a built-in sample) to the API, wait until each accepted notification is sent or dead, and print a summary",
+		Description: "Without --database-url, --broker/--nats-url and --smtp-addr, demo starts embedded PostgreSQL,\n" +
+			"NATS JetStream and an SMTP sink in its own process. It exits 0 only when every accepted\n" +
+			"notification reached a final state (sent or dead).",
+		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags(), []cli.Flag{
+			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
+			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},
+			&cli.IntFlag{Name: flagClients, Value: 8, EnvVars: env("demo-clients"), Usage: "concurrent HTTP clients posting the lines"},
+		}),
+		Action: runDemo,
+	}
+}
+
+// readLines returns the non-blank lines of the demo input.
+func readLines(path string) (lines [][]byte, name string, err error) {
+	data, name := sampleNDJSON, "built-in sample"
+	if path != "" {
+		data, err = os.ReadFile(path)
+		if err != nil {
+			return nil, "", usagef("--%s: %v", flagFile, err)
+		}
+		name = path
+	}
+	for _, l := range bytes.Split(data, []byte("\n")) {
+		l = bytes.TrimSuffix(l, []byte("\r"))
+		if len(bytes.TrimSpace(l)) > 0 {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return nil, "", usagef("--%s %s: no lines to post", flagFile, path)
+	}
+	return lines, name, nil
+}
+
+// demoResult collects what the posting clients saw.
+type demoResult struct {
+	mu       sync.Mutex
+	posted   int
+	accepted []int64
+	rejected map[string]int
+}
+
+func (r *demoResult) counts() (posted, accepted, rejected int, ids []int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, v := range r.rejected {
+		n += v
+	}
+	return r.posted, len(r.accepted), n, append([]int64(nil), r.accepted...)
+}
+
+func runDemo(c *cli.Context) error {
+	s, log, err := setup(c, "warn")
+	if err != nil {
+		return err
+	}
+	if n := c.Int(flagClients); n < 1 {
+		return usagef("--%s %d: must be at least 1", flagClients, n)
+	}
+	if d := c.Duration(flagTimeout); d <= 0 {
+		return usagef("--%s %v: must be positive", flagTimeout, d)
+	}
+	lines, inputName, err := readLines(c.String(flagFile))
+	if err != nil {
+		return err
+	}
+	out := c.App.Writer
+	ctx := c.Context
+
+	var stops stopper
+	defer stops.stop()
+	fmt.Fprintln(out, "ferry demo: starting servers…")
+	w, err := startEmbedded(ctx, s, log, &stops)
+	if err != nil {
+		return err
+	}
+	s.addr = "127.0.0.1:0"
+	st, err := openStack(ctx, s, log, true)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	var duplicates atomic.Int64
+	st.onOutcome = func(_ *broker.Message, o worker.Outcome, _ time.Duration) {
+		if o == worker.OutcomeDuplicate {
+			duplicates.Add(1)
+		}
+	}
+	ready := make(chan string, 1)
+	st.apiReady = func(addr string) { ready <- addr }
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	runErr := make(chan error, 1)
+	go func() { runErr <- st.runAll(runCtx) }()
+
+	var apiAddr string
+	select {
+	case apiAddr = <-ready:
+	case err := <-runErr:
+		return fmt.Errorf("ferry demo: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+	fmt.Fprintf(out, "ferry demo: database: %s\nferry demo: broker:   %s\nferry demo: mail:     %s\nferry demo: posting %d line(s) of %s to http://%s/notifications\n",
+		w.database, w.broker, w.smtp, len(lines), inputName, apiAddr)
+
+	start := time.Now()
+	res := &demoResult{rejected: map[string]int{}}
+	postDone := make(chan struct{})
+	go func() {
+		defer close(postDone)
+		postAll(runCtx, "http://"+apiAddr+"/notifications", lines, c.Int(flagClients), res)
+	}()
+
+	bar := newProgress(out, start)
+	deadline := time.After(c.Duration(flagTimeout))
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var cnt demoCounts
+	var ids []int64
+	posting := true
+	var failure error
+loop:
+	for {
+		select {
+		case <-postDone:
+			posting, postDone = false, nil
+		case <-tick.C:
+		case err := <-runErr:
+			failure = fmt.Errorf("ferry demo: stopped early: %w", errors.Join(err, errors.New("a component failed")))
+			runErr = nil
+			break loop
+		case <-deadline:
+			failure = fmt.Errorf("ferry demo: not every accepted notification reached a final state within --%s %v", flagTimeout, c.Duration(flagTimeout))
+			break loop
+		case <-ctx.Done():
+			failure = errors.New("ferry demo: interrupted before every accepted notification reached a final state")
+			break loop
+		}
+		cnt.lines = len(lines)
+		cnt.posted, cnt.accepted, cnt.rejected, ids = res.counts()
+		if err := countFinal(ctx, st, ids, &cnt); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("demo: reading notification statuses", "error", err)
+			}
+			continue
+		}
+		bar.update(cnt)
+		if !posting && cnt.sent+cnt.dead == cnt.accepted {
+			break
+		}
+	}
+	elapsed := time.Since(start)
+	bar.finish(cnt)
+
+	sum := summary{
+		input: inputName, lines: len(lines), counts: cnt, rejected: res.rejected,
+		elapsed: elapsed, where: w,
+		retryDelays: s.retryDelays, maxAttempts: s.maxAttempts,
+	}
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	sum.p50, sum.p99, sum.deadReasons, _ = latencyAndReasons(qctx, st, ids)
+	cancel()
+
+	stopRun()
+	if runErr != nil {
+		if err := <-runErr; err != nil && failure == nil {
+			failure = fmt.Errorf("ferry demo: shutdown: %w", err)
+		}
+	}
+	sum.duplicates = duplicates.Load() // after the worker stopped
+	sum.print(out, failure)
+	return failure
+}
+
+// postAll posts every line with n concurrent clients and records the
+// answers in res.
+func postAll(ctx context.Context, url string, lines [][]byte, n int, res *demoResult) {
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	defer client.CloseIdleConnections()
+	work := make(chan []byte)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for line := range work {
+				id, reason := postOne(ctx, client, url, line)
+				res.mu.Lock()
+				res.posted++
+				if reason == "" {
+					res.accepted = append(res.accepted, id)
+				} else {
+					res.rejected[reason]++
+				}
+				res.mu.Unlock()
+			}
+		})
+	}
+	for _, l := range lines {
+		select {
+		case work <- l:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
+// postOne posts one line and returns the new notification's id, or the
+// reason it was refused (the API's error code and field).
+func postOne(ctx context.Context, client *http.Client, url string, line []byte) (int64, string) {
+	var lastErr error
+	for try := 0; try < 3; try++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(line))
+		if err != nil {
+			return 0, "request: " + err.Error()
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			lastErr = err
+			if ctx.Err() != nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusCreated {
+			var created app.Created
+			if err := json.Unmarshal(body, &created); err != nil {
+				return 0, "unreadable 201 answer"
+			}
+			id, err := strconv.ParseInt(created.ID, 10, 64)
+			if err != nil {
+				return 0, "unreadable 201 answer"
+			}
+			return id, ""
+		}
+		var apiErr app.APIError
+		if json.Unmarshal(body, &apiErr) == nil && apiErr.Code != "" {
+			if apiErr.Field != "" {
+				return 0, fmt.Sprintf("%s (%s)", apiErr.Code, apiErr.Field)
+			}
+			return 0, apiErr.Code
+		}
+		return 0, fmt.Sprintf("HTTP %d", resp.StatusCode)
+	}
+	return 0, "request failed: " + errString(lastErr)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "cancelled"
+	}
+	return err.Error()
+}
+
+// countFinal reads how many of ids are sent and dead.
+func countFinal(ctx context.Context, st *stack, ids []int64, c *demoCounts) error {
+	if len(ids) == 0 {
+		c.sent, c.dead = 0, 0
+		return nil
+	}
+	return st.pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status = 'dead')
+		FROM notifications WHERE id = ANY($1)`, ids).Scan(&c.sent, &c.dead)
+}
+
+// latencyAndReasons returns p50 and p99 of created_at → sent_at over the
+// sent notifications of ids, and the last errors of the dead ones with
+// their counts.
+func latencyAndReasons(ctx context.Context, st *stack, ids []int64) (p50, p99 time.Duration, reasons map[string]int, err error) {
+	if len(ids) == 0 {
+		return 0, 0, nil, nil
+	}
+	var a, b *float64
+	err = st.pool.QueryRow(ctx, `
+		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM sent_at - created_at)),
+		       percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM sent_at - created_at))
+		FROM notifications WHERE id = ANY($1) AND status = 'sent' AND sent_at IS NOT NULL`, ids).Scan(&a, &b)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	if a != nil && b != nil {
+		p50, p99 = time.Duration(*a*float64(time.Second)), time.Duration(*b*float64(time.Second))
+	}
+	rows, err := st.pool.Query(ctx, `
+		SELECT COALESCE(last_error, ''), count(*) FROM notifications
+		WHERE id = ANY($1) AND status = 'dead' GROUP BY 1 ORDER BY 2 DESC LIMIT 5`, ids)
+	if err != nil {
+		return p50, p99, nil, err
+	}
+	defer rows.Close()
+	reasons = map[string]int{}
+	for rows.Next() {
+		var r string
+		var n int
+		if err := rows.Scan(&r, &n); err != nil {
+			return p50, p99, reasons, err
+		}
+		reasons[r] = n
+	}
+	return p50, p99, reasons, rows.Err()
+}
+
+// summary is what the demo prints at the end.
+type summary struct {
+	input       string
+	lines       int
+	counts      demoCounts
+	rejected    map[string]int
+	duplicates  int64
+	elapsed     time.Duration
+	p50, p99    time.Duration
+	deadReasons map[string]int
+	where       *where
+	retryDelays []time.Duration
+	maxAttempts int
+}
+
+func (s *summary) print(w io.Writer, failure error) {
+	c := s.counts
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "ferry demo: summary")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
+	row("input", fmt.Sprintf("%s (%d lines)", s.input, s.lines))
+	row("posted", fmt.Sprintf("%d", c.posted))
+	row("accepted", fmt.Sprintf("%d", c.accepted))
+	row("rejected", fmt.Sprintf("%d", c.rejected))
+	for _, k := range sortedKeys(s.rejected) {
+		row("", fmt.Sprintf("  %4d  %s", s.rejected[k], k))
+	}
+	row("sent", fmt.Sprintf("%d", c.sent))
+	row("dead", fmt.Sprintf("%d  (after %d attempts, retry delays %s)", c.dead, s.maxAttempts, formatDelays(s.retryDelays)))
+	for _, k := range sortedKeys(s.deadReasons) {
+		row("", fmt.Sprintf("  %4d  %s", s.deadReasons[k], clipText(k, 100)))
+	}
+	if pending := c.accepted - c.sent - c.dead; pending > 0 {
+		row("still pending", fmt.Sprintf("%d", pending))
+	}
+	row("duplicates absorbed", fmt.Sprintf("%d  (deliveries of an already processed message ID, acked without sending)", s.duplicates))
+	final := c.sent + c.dead
+	rate := 0.0
+	if s.elapsed > 0 {
+		rate = float64(final) / s.elapsed.Seconds()
+	}
+	row("throughput", fmt.Sprintf("%.1f notifications/s  (%d reached a final state in %.2fs, from the first POST)", rate, final, s.elapsed.Seconds()))
+	if c.sent > 0 {
+		row("latency", fmt.Sprintf("p50 %s  p99 %s  (created_at → sent_at of the sent notifications)", roundDur(s.p50), roundDur(s.p99)))
+	} else {
+		row("latency", "n/a (nothing sent)")
+	}
+	row("database", s.where.database)
+	row("broker", s.where.broker)
+	smtp := s.where.smtp
+	if s.where.sink != nil {
+		smtp = s.where.sink.Where()
+	}
+	row("mail went to", smtp)
+	if failure != nil {
+		row("result", "FAILED: "+failure.Error())
+	} else {
+		row("result", "OK: every accepted notification is sent or dead")
+	}
+	tw.Flush()
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	return keys
+}
+
+func formatDelays(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return broker.DefaultRetryDelay.String()
+	}
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = d.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func roundDur(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	default:
+		return d.Round(time.Microsecond)
+	}
+}
+
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + "…"
+}

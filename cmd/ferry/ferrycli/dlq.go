@@ -1,0 +1,355 @@
+package ferrycli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
+)
+
+const (
+	flagLimit         = "limit"
+	flagErrorContains = "error-contains"
+	flagID            = "id"
+	flagAll           = "all"
+	flagDryRun        = "dry-run"
+	flagYes           = "yes"
+)
+
+func formatFlag() cli.Flag {
+	return &cli.StringFlag{Name: flagFormat, Value: "table", Usage: "output format: table or json"}
+}
+
+// dlqFlags are the flags every dlq subcommand takes: the broker and the
+// queue whose DLQ it reads. The queue is declared (idempotently) first, so
+// --retry-delay must match the workers'.
+func dlqFlags() []cli.Flag {
+	return concat(brokerFlags(), logFlags())
+}
+
+func selectFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: flagID, Usage: "message ID to act on (repeatable, or comma-separated)"},
+		&cli.BoolFlag{Name: flagAll, Usage: "act on every message in the DLQ"},
+	}
+}
+
+func dlqCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "dlq",
+		Usage: "list, replay and purge the dead-letter queue of --queue (default notifications.send), the same on every broker",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "list",
+				Usage: "list dead messages, oldest first: ID, type, attempts, last error, first failure",
+				Flags: concat(dlqFlags(), []cli.Flag{
+					&cli.IntFlag{Name: flagLimit, Value: 100, Usage: "list at most this many (0: all)"},
+					&cli.StringFlag{Name: flagErrorContains, Usage: "only messages whose last error contains this text (case-insensitive)"},
+					formatFlag(),
+				}),
+				Action: dlqList,
+			},
+			{
+				Name:   "replay",
+				Usage:  "move dead messages back to the work queue with their retry count reset (--id ID... or --all)",
+				Flags:  concat(dlqFlags(), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
+				Action: dlqReplay,
+			},
+			{
+				Name:   "purge",
+				Usage:  "delete dead messages for good (--id ID... or --all, and --yes)",
+				Flags:  concat(dlqFlags(), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
+				Action: dlqPurge,
+			},
+		},
+	}
+}
+
+// openDLQ connects to the broker once (no waiting: these are one-shot
+// commands), declares the app's topology and returns the DLQ of --queue.
+func openDLQ(ctx context.Context, s *settings, log *slog.Logger) (broker.Broker, broker.DeadLetterQueue, error) {
+	b, err := OpenBroker(ctx, s.broker, BrokerOptions{RabbitMQURL: s.brokerOpts.RabbitMQURL, NATSURL: s.brokerOpts.NATSURL, Logger: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("ferry: dlq: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)
+	}
+	t := broker.Topology{Exchange: s.exchange, Queues: []broker.Queue{{Name: s.queue, Bindings: []string{app.EventNotificationRequested}, RetryDelays: s.retryDelays}}}
+	if err := t.Validate(); err != nil {
+		b.Close()
+		return nil, nil, usagef("--%s/--%s: %v", flagExchange, flagQueue, err)
+	}
+	if err := b.Declare(ctx, t); err != nil {
+		b.Close()
+		return nil, nil, fmt.Errorf("ferry: dlq: declare queue %s: %w", s.queue, err)
+	}
+	d, err := b.DLQ(s.queue)
+	if err != nil {
+		b.Close()
+		return nil, nil, fmt.Errorf("ferry: dlq: %w", err)
+	}
+	return b, d, nil
+}
+
+// deadJSON is one dead message in `dlq list --format json`.
+type deadJSON struct {
+	ID            string            `json:"id"`
+	Type          string            `json:"type"`
+	Key           string            `json:"key,omitempty"`
+	Attempts      int               `json:"attempts"`
+	LastError     string            `json:"last_error"`
+	FirstFailedAt *time.Time        `json:"first_failed_at,omitempty"`
+	DeadAt        *time.Time        `json:"dead_at,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Body          json.RawMessage   `json:"body,omitempty"`
+	BodyText      string            `json:"body_text,omitempty"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func dlqList(c *cli.Context) error {
+	s, log, err := setup(c, "warn")
+	if err != nil {
+		return err
+	}
+	format := c.String(flagFormat)
+	if format != "table" && format != "json" {
+		return usagef("--%s %q: want table or json", flagFormat, format)
+	}
+	limit := c.Int(flagLimit)
+	if limit < 0 {
+		return usagef("--%s %d: must be 0 (all) or more", flagLimit, limit)
+	}
+	filter := strings.ToLower(c.String(flagErrorContains))
+	b, d, err := openDLQ(c.Context, s, log)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	fetch := limit
+	if filter != "" {
+		fetch = 0
+	}
+	msgs, err := d.List(c.Context, fetch)
+	if err != nil {
+		return fmt.Errorf("ferry: dlq list: %w", err)
+	}
+	var out []broker.DeadMessage
+	for _, m := range msgs {
+		if filter != "" && !strings.Contains(strings.ToLower(m.LastError), filter) {
+			continue
+		}
+		out = append(out, m)
+		if limit > 0 && len(out) == limit {
+			break
+		}
+	}
+	if format == "json" {
+		return writeDeadJSON(c.App.Writer, out)
+	}
+	writeDeadTable(c.App.Writer, out)
+	return nil
+}
+
+func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
+	items := make([]deadJSON, 0, len(msgs))
+	for _, m := range msgs {
+		j := deadJSON{
+			ID: m.Message.ID, Type: m.Message.Type, Key: m.Message.Key, Attempts: m.Message.Attempt,
+			LastError: m.LastError, FirstFailedAt: timePtr(m.FirstFailedAt), DeadAt: timePtr(m.DeadAt),
+			Headers: m.Message.Headers,
+		}
+		if json.Valid(m.Message.Body) {
+			j.Body = m.Message.Body
+		} else {
+			j.BodyText = string(m.Message.Body)
+		}
+		items = append(items, j)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(items)
+}
+
+func writeDeadTable(w io.Writer, msgs []broker.DeadMessage) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTYPE\tATTEMPTS\tFIRST FAILED\tLAST ERROR")
+	for _, m := range msgs {
+		first := "-"
+		if !m.FirstFailedAt.IsZero() {
+			first = m.FirstFailedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", m.Message.ID, m.Message.Type, m.Message.Attempt, first, clipText(m.LastError, 120))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "%d dead message(s)\n", len(msgs))
+}
+
+// selection returns the IDs of --id, or nil for --all; exactly one of them
+// must be given.
+func selection(c *cli.Context) ([]string, error) {
+	var ids []string
+	for _, v := range c.StringSlice(flagID) {
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				ids = append(ids, id)
+			}
+		}
+	}
+	all := c.Bool(flagAll)
+	switch {
+	case all && len(ids) > 0:
+		return nil, usagef("%s: give either --%s or --%s, not both", c.Command.FullName(), flagID, flagAll)
+	case !all && len(ids) == 0:
+		return nil, usagef("%s: say which messages: --%s ID (repeatable) or --%s", c.Command.FullName(), flagID, flagAll)
+	}
+	return ids, nil
+}
+
+// operator names who runs the command, for the audit log.
+func operator() string {
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return "unknown"
+}
+
+func dlqReplay(c *cli.Context) error {
+	ids, err := selection(c)
+	if err != nil {
+		return err
+	}
+	s, log, err := setup(c, "info")
+	if err != nil {
+		return err
+	}
+	b, d, err := openDLQ(c.Context, s, log)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	who := operator()
+	if c.Bool(flagDryRun) {
+		msgs, err := d.List(c.Context, 0)
+		if err != nil {
+			return fmt.Errorf("ferry: dlq replay: %w", err)
+		}
+		msgs = pick(msgs, ids)
+		fmt.Fprintf(c.App.Writer, "dry run: would replay %d message(s) to %s:\n", len(msgs), s.queue)
+		writeDeadTable(c.App.Writer, msgs)
+		return nil
+	}
+	// Read what is about to move so the audit log says what it was.
+	before, err := d.List(c.Context, 0)
+	if err != nil {
+		return fmt.Errorf("ferry: dlq replay: %w", err)
+	}
+	byID := map[string]broker.DeadMessage{}
+	for _, m := range before {
+		byID[m.Message.ID] = m
+	}
+	done, err := d.Replay(c.Context, ids)
+	for _, id := range done {
+		m := byID[id]
+		attrs := []any{"id", id, "queue", s.queue, "by", who, "at", time.Now().UTC().Format(time.RFC3339)}
+		if m.Message != nil {
+			attrs = append(attrs, "type", m.Message.Type, "attempts", m.Message.Attempt, "last_error", m.LastError)
+		}
+		log.Info("dlq replay", attrs...)
+	}
+	if err != nil {
+		return fmt.Errorf("ferry: dlq replay: %d replayed before the error: %w", len(done), err)
+	}
+	fmt.Fprintf(c.App.Writer, "replayed %d message(s) to %s%s\n", len(done), s.queue, listSuffix(done))
+	if missing := notIn(ids, done); len(missing) > 0 {
+		fmt.Fprintf(c.App.Writer, "not in the DLQ: %s\n", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func dlqPurge(c *cli.Context) error {
+	ids, err := selection(c)
+	if err != nil {
+		return err
+	}
+	if !c.Bool(flagYes) {
+		what := "the " + fmt.Sprint(len(ids)) + " given message(s)"
+		if ids == nil {
+			what = "every message"
+		}
+		return usagef("dlq purge deletes %s in the DLQ of %s for good: add --%s to confirm (or look first with ferry dlq list)", what, c.String(flagQueue), flagYes)
+	}
+	s, log, err := setup(c, "info")
+	if err != nil {
+		return err
+	}
+	b, d, err := openDLQ(c.Context, s, log)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	done, err := d.Purge(c.Context, ids)
+	who := operator()
+	for _, id := range done {
+		log.Info("dlq purge", "id", id, "queue", s.queue, "by", who, "at", time.Now().UTC().Format(time.RFC3339))
+	}
+	if err != nil {
+		return fmt.Errorf("ferry: dlq purge: %d purged before the error: %w", len(done), err)
+	}
+	fmt.Fprintf(c.App.Writer, "purged %d message(s) from %s%s\n", len(done), broker.DLQName(s.queue), listSuffix(done))
+	if missing := notIn(ids, done); len(missing) > 0 {
+		fmt.Fprintf(c.App.Writer, "not in the DLQ: %s\n", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func pick(msgs []broker.DeadMessage, ids []string) []broker.DeadMessage {
+	if ids == nil {
+		return msgs
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var out []broker.DeadMessage
+	for _, m := range msgs {
+		if want[m.Message.ID] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func notIn(ids, done []string) []string {
+	got := map[string]bool{}
+	for _, id := range done {
+		got[id] = true
+	}
+	var out []string
+	for _, id := range ids {
+		if !got[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func listSuffix(ids []string) string {
+	if len(ids) == 0 || len(ids) > 20 {
+		return ""
+	}
+	return ": " + strings.Join(ids, ", ")
+}

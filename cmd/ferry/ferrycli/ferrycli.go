@@ -1,0 +1,233 @@
+// Package ferrycli is the ferry command: its flags, its commands and the
+// explicit map from --broker name to adapter constructor (Brokers).
+// cmd/ferry/main.go only calls Main, so the whole command can be run and
+// tested in-process with any arguments.
+//
+// Commands: migrate, api, relay, worker, run (api+relay+worker in one
+// process), demo, dlq list|replay|purge and outbox stats. Every flag can
+// also be set by an environment variable FERRY_<FLAG_NAME> (for example
+// --database-url and FERRY_DATABASE_URL).
+//
+// demo and run start embedded servers for what the flags leave out:
+// PostgreSQL (github.com/fergusstrange/embedded-postgres, binaries
+// downloaded once into ~/.embedded-postgres-go) without --database-url,
+// NATS JetStream without --broker and --nats-url, and an in-process SMTP
+// sink without --smtp-addr. The other commands use the flags' defaults
+// (RabbitMQ, PostgreSQL and SMTP on 127.0.0.1).
+package ferrycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Main runs the ferry command with args (args[0] is the program name),
+// writing output to stdout and errors and logs to stderr, and returns the
+// exit code: 0 on success (also after a graceful stop by ctx, e.g. on
+// SIGINT/SIGTERM), 2 for a command-line error, 1 for any other error.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := NewApp(stdout, stderr)
+	if err := a.RunContext(ctx, args); err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		if errors.Is(err, ErrUsage) || isFlagError(err) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+// isFlagError reports whether err comes from urfave/cli's flag parsing.
+func isFlagError(err error) bool {
+	msg := err.Error()
+	for _, s := range []string{"flag provided but not defined", "invalid value", "flag needs an argument", "Required flag", "No help topic"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// NewApp returns the ferry command-line application writing to stdout
+// and stderr.
+func NewApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:  "ferry",
+		Usage: "transactional outbox to message broker, idempotent workers, and a sample notification service",
+		Description: "Every flag can also be set by its environment variable (shown as [$FERRY_...]).\n" +
+			"demo and run start embedded PostgreSQL, NATS and an SMTP sink for what their flags leave out;\n" +
+			"the other commands default to the servers on 127.0.0.1 (PostgreSQL, RabbitMQ, Mailpit).",
+		Writer:                 stdout,
+		ErrWriter:              stderr,
+		HideHelpCommand:        true,
+		UseShortOptionHandling: false,
+		ExitErrHandler:         func(*cli.Context, error) {}, // Main turns errors into exit codes
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usagef("%v", err)
+		},
+		CommandNotFound: func(c *cli.Context, name string) {
+			fmt.Fprintf(c.App.ErrWriter, "ferry: no command %q; run ferry --help\n", name)
+		},
+		Commands: []*cli.Command{
+			migrateCommand(),
+			apiCommand(),
+			relayCommand(),
+			workerCommand(),
+			runCommand(),
+			demoCommand(),
+			dlqCommand(),
+			outboxCommand(),
+		},
+	}
+}
+
+// newLogger builds the slog logger of --log-format and --log-level.
+func newLogger(c *cli.Context, defaultLevel string) (*slog.Logger, error) {
+	lvlName := c.String(flagLogLevel)
+	if !c.IsSet(flagLogLevel) && defaultLevel != "" {
+		lvlName = defaultLevel
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(lvlName)); err != nil {
+		return nil, usagef("--%s %q: want debug, info, warn or error", flagLogLevel, lvlName)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler
+	switch f := c.String(flagLogFormat); f {
+	case "text":
+		h = slog.NewTextHandler(c.App.ErrWriter, opts)
+	case "json":
+		h = slog.NewJSONHandler(c.App.ErrWriter, opts)
+	default:
+		return nil, usagef("--%s %q: want text or json", flagLogFormat, f)
+	}
+	return slog.New(h), nil
+}
+
+// setup parses the settings and builds the logger of a command.
+func setup(c *cli.Context, defaultLevel string) (*settings, *slog.Logger, error) {
+	if c.Args().Present() {
+		return nil, nil, usagef("%s: unexpected argument %q (flags come as --name value)", c.Command.FullName(), c.Args().First())
+	}
+	log, err := newLogger(c, defaultLevel)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := loadSettings(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, log, nil
+}
+
+// redactURL hides the password of a URL.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
+}
+
+func migrateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "migrate",
+		Usage: "apply the database migrations (outbox, processed_messages, notifications)",
+		Flags: concat(databaseFlags(), logFlags()),
+		Action: func(c *cli.Context) error {
+			s, log, err := setup(c, "")
+			if err != nil {
+				return err
+			}
+			st, err := openStack(c.Context, s, log, true)
+			if err != nil {
+				return err
+			}
+			defer st.close()
+			log.Info("migrations applied", "database", redactURL(s.databaseURL))
+			return nil
+		},
+	}
+}
+
+func apiCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "api",
+		Usage: "serve the notification HTTP API (POST /notifications, GET /notifications/{id})",
+		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), logFlags()),
+		Action: func(c *cli.Context) error {
+			return runStack(c, func(ctx context.Context, st *stack) error { return st.runAPI(ctx) })
+		},
+	}
+}
+
+func relayCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "relay",
+		Usage: "publish committed outbox rows to the broker",
+		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), logFlags()),
+		Action: func(c *cli.Context) error {
+			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
+		},
+	}
+}
+
+func workerCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "worker",
+		Usage: "consume the notification queue and send the mails",
+		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), logFlags()),
+		Action: func(c *cli.Context) error {
+			return runStack(c, func(ctx context.Context, st *stack) error { return st.runWorker(ctx) })
+		},
+	}
+}
+
+// runStack opens the stack of a long-running command and runs f until
+// c.Context is done.
+func runStack(c *cli.Context, f func(context.Context, *stack) error) error {
+	s, log, err := setup(c, "")
+	if err != nil {
+		return err
+	}
+	st, err := openStack(c.Context, s, log, false)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	return ignoreCanceled(c.Context, f(c.Context, st))
+}
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
+		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags()),
+		Action: func(c *cli.Context) error {
+			s, log, err := setup(c, "")
+			if err != nil {
+				return err
+			}
+			var stops stopper
+			defer stops.stop()
+			w, err := startEmbedded(c.Context, s, log, &stops)
+			if err != nil {
+				return err
+			}
+			log.Info("ferry run", "database", w.database, "broker", w.broker, "smtp", w.smtp)
+			st, err := openStack(c.Context, s, log, true)
+			if err != nil {
+				return err
+			}
+			defer st.close()
+			return ignoreCanceled(c.Context, st.runAll(c.Context))
+		},
+	}
+}

@@ -1,0 +1,280 @@
+package ferrycli
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// Defaults of the flags.
+const (
+	DefaultDatabaseURL = "postgres://ferry:ferry@127.0.0.1:5432/ferry"
+	DefaultBroker      = "rabbitmq"
+	DefaultRabbitMQURL = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultNATSURL     = "nats://127.0.0.1:4222"
+	DefaultSMTPAddr    = "127.0.0.1:1025"
+	DefaultAddr        = ":3000"
+)
+
+// ErrUsage is wrapped by errors about the command line itself (a bad flag
+// value, a missing required flag); Main exits 2 for them.
+var ErrUsage = errors.New("ferry: usage")
+
+func usagef(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrUsage}, args...)...)
+}
+
+// Flag names, shared by several commands.
+const (
+	flagDatabaseURL     = "database-url"
+	flagBroker          = "broker"
+	flagRabbitMQURL     = "rabbitmq-url"
+	flagNATSURL         = "nats-url"
+	flagSMTPAddr        = "smtp-addr"
+	flagLogFormat       = "log-format"
+	flagLogLevel        = "log-level"
+	flagAddr            = "addr"
+	flagExchange        = "exchange"
+	flagQueue           = "queue"
+	flagMaxAttempts     = "max-attempts"
+	flagRetryDelay      = "retry-delay"
+	flagPrefetch        = "prefetch"
+	flagConcurrency     = "concurrency"
+	flagBatchSize       = "batch-size"
+	flagPollInterval    = "poll-interval"
+	flagRetention       = "retention"
+	flagShutdownTimeout = "shutdown-timeout"
+	flagDebugFail       = "debug-fail-after-outbox"
+	flagDataDir         = "data-dir"
+	flagFormat          = "format"
+)
+
+func env(name string) []string {
+	return []string{"FERRY_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+}
+
+// embeddedNote is appended to the usage of the flags whose absence makes
+// demo and run start an embedded server.
+const embeddedNote = " (demo and run: when not given, an embedded server is started in the ferry process)"
+
+func logFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagLogFormat, Value: "text", EnvVars: env(flagLogFormat), Usage: "log format: text or json"},
+		&cli.StringFlag{Name: flagLogLevel, Value: "info", EnvVars: env(flagLogLevel), Usage: "log level: debug, info, warn or error (demo: warn unless given)"},
+	}
+}
+
+func databaseFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagDatabaseURL, Value: DefaultDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL" + embeddedNote},
+	}
+}
+
+func brokerFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagBroker, Value: DefaultBroker, EnvVars: env(flagBroker),
+			Usage: "message broker: rabbitmq or nats (kafka, sqs: not available yet); demo and run without it use an embedded NATS server, or --nats-url when that is given"},
+		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL (--broker rabbitmq)"},
+		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (--broker nats)" + embeddedNote},
+		&cli.StringFlag{Name: flagExchange, Value: app.DefaultExchange, EnvVars: env(flagExchange), Usage: "exchange (NATS: stream) the notification events are published to"},
+		&cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Usage: "work queue of the notification worker; its DLQ is <queue>.dlq"},
+		&cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay),
+			Usage: "delay before a retry; a comma list is a backoff list (retry i waits the i-th, the last repeats), e.g. 1s,10s,1m. Every process declaring the queue must use the same list"},
+	}
+}
+
+func apiFlags(defaultAddr string) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagAddr, Value: defaultAddr, EnvVars: env(flagAddr), Usage: "HTTP listen address of the API"},
+		&cli.BoolFlag{Name: flagDebugFail, EnvVars: env(flagDebugFail), Usage: "make POST /notifications fail after the outbox insert (rolled back), to demonstrate the outbox"},
+	}
+}
+
+func smtpFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagSMTPAddr, Value: DefaultSMTPAddr, EnvVars: env(flagSMTPAddr), Usage: "SMTP server host:port (no TLS, no auth)" + " (demo and run: when not given, a built-in SMTP sink in the ferry process)"},
+	}
+}
+
+func relayFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Usage: "outbox rows published per relay transaction"},
+		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY"},
+		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever)"},
+	}
+}
+
+func workerFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Usage: "attempts per message, the first included, before it goes to the DLQ"},
+		&cli.IntFlag{Name: flagPrefetch, Value: 10, EnvVars: env(flagPrefetch), Usage: "deliveries received and not yet settled"},
+		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Usage: "messages handled at once"},
+	}
+}
+
+func shutdownFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: flagShutdownTimeout, Value: 30 * time.Second, EnvVars: env(flagShutdownTimeout), Usage: "on SIGINT/SIGTERM, how long in-flight work may finish"},
+	}
+}
+
+func dataDirFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Usage: "folder for the embedded servers' data and the sink's mail (default: a temporary folder removed at exit)"},
+	}
+}
+
+func concat(sets ...[]cli.Flag) []cli.Flag {
+	var out []cli.Flag
+	for _, s := range sets {
+		out = append(out, s...)
+	}
+	return out
+}
+
+// parseRetryDelays parses --retry-delay: one Go duration or a comma list.
+func parseRetryDelays(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		d, err := time.ParseDuration(part)
+		if err != nil {
+			return nil, usagef("--%s %q: item %d %q: want a Go duration such as 500ms, 30s or 5m", flagRetryDelay, s, i+1, part)
+		}
+		if d <= 0 {
+			return nil, usagef("--%s %q: item %d %q: must be positive", flagRetryDelay, s, i+1, part)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// parseRetention parses --retention: a Go duration or a whole number of
+// days written Nd (7d).
+func parseRetention(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err == nil {
+			return time.Duration(n) * 24 * time.Hour, nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, usagef("--%s %q: want a Go duration (72h) or days (7d)", flagRetention, s)
+	}
+	return d, nil
+}
+
+// settings are the parsed and checked flags of one command.
+type settings struct {
+	databaseURL     string
+	databaseSet     bool
+	broker          string
+	brokerSet       bool
+	brokerOpts      BrokerOptions
+	natsSet         bool
+	smtpAddr        string
+	smtpSet         bool
+	addr            string
+	exchange        string
+	queue           string
+	retryDelays     []time.Duration
+	maxAttempts     int
+	prefetch        int
+	concurrency     int
+	batchSize       int
+	pollInterval    time.Duration
+	retention       time.Duration
+	shutdownTimeout time.Duration
+	debugFail       bool
+	dataDir         string
+}
+
+// loadSettings reads the flags that c defines and checks them.
+func loadSettings(c *cli.Context) (*settings, error) {
+	s := &settings{
+		databaseURL:     c.String(flagDatabaseURL),
+		databaseSet:     c.IsSet(flagDatabaseURL),
+		broker:          c.String(flagBroker),
+		brokerSet:       c.IsSet(flagBroker),
+		natsSet:         c.IsSet(flagNATSURL),
+		smtpAddr:        c.String(flagSMTPAddr),
+		smtpSet:         c.IsSet(flagSMTPAddr),
+		addr:            c.String(flagAddr),
+		exchange:        c.String(flagExchange),
+		queue:           c.String(flagQueue),
+		maxAttempts:     c.Int(flagMaxAttempts),
+		prefetch:        c.Int(flagPrefetch),
+		concurrency:     c.Int(flagConcurrency),
+		batchSize:       c.Int(flagBatchSize),
+		pollInterval:    c.Duration(flagPollInterval),
+		shutdownTimeout: c.Duration(flagShutdownTimeout),
+		debugFail:       c.Bool(flagDebugFail),
+		dataDir:         c.String(flagDataDir),
+		brokerOpts: BrokerOptions{
+			RabbitMQURL: c.String(flagRabbitMQURL),
+			NATSURL:     c.String(flagNATSURL),
+		},
+	}
+	has := func(name string) bool { return hasFlag(c, name) }
+	if has(flagBroker) {
+		if _, err := lookupBroker(s.broker); err != nil {
+			return nil, err
+		}
+	}
+	if has(flagRetryDelay) {
+		d, err := parseRetryDelays(c.String(flagRetryDelay))
+		if err != nil {
+			return nil, err
+		}
+		s.retryDelays = d
+	}
+	if has(flagRetention) {
+		d, err := parseRetention(c.String(flagRetention))
+		if err != nil {
+			return nil, err
+		}
+		s.retention = d
+	}
+	positive := []struct {
+		name string
+		v    int
+	}{{flagMaxAttempts, s.maxAttempts}, {flagPrefetch, s.prefetch}, {flagConcurrency, s.concurrency}, {flagBatchSize, s.batchSize}}
+	for _, p := range positive {
+		if has(p.name) && p.v < 1 {
+			return nil, usagef("--%s %d: must be at least 1", p.name, p.v)
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    time.Duration
+	}{{flagPollInterval, s.pollInterval}, {flagShutdownTimeout, s.shutdownTimeout}} {
+		if has(p.name) && p.v <= 0 {
+			return nil, usagef("--%s %v: must be positive", p.name, p.v)
+		}
+	}
+	return s, nil
+}
+
+// hasFlag reports whether the running command defines the flag name.
+func hasFlag(c *cli.Context, name string) bool {
+	if c.Command == nil {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,282 @@
+package ferrycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// stack is what the api, relay and worker commands share: the settings,
+// the database pool and the notification service.
+type stack struct {
+	s    *settings
+	log  *slog.Logger
+	pool *pgxpool.Pool
+	app  *app.App
+	// onOutcome, when set, is the worker's OnOutcome hook (the demo counts
+	// duplicates with it).
+	onOutcome func(*broker.Message, worker.Outcome, time.Duration)
+	// apiReady, when set, receives the API's listen address once it
+	// accepts connections.
+	apiReady func(addr string)
+}
+
+// where describes the servers a command uses, for logs and the demo
+// summary.
+type where struct {
+	database, broker, smtp string
+	sink                   *smtpSink
+}
+
+// startEmbedded starts, for demo and run, the embedded servers that the
+// flags leave out: PostgreSQL when --database-url is not given, NATS when
+// neither --broker nor --nats-url is given, the SMTP sink when
+// --smtp-addr is not given. It updates s to point at them and registers
+// their shutdown with stops.
+func startEmbedded(ctx context.Context, s *settings, log *slog.Logger, stops *stopper) (*where, error) {
+	w := &where{database: redactURL(s.databaseURL), smtp: s.smtpAddr}
+	dir := s.dataDir
+	if !s.databaseSet || (!s.brokerSet && !s.natsSet) || !s.smtpSet {
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "ferry-")
+			if err != nil {
+				return nil, fmt.Errorf("ferry: data folder: %w", err)
+			}
+			stops.add(func() { _ = os.RemoveAll(tmp) })
+			dir = tmp
+		} else if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("ferry: --%s %s: %w", flagDataDir, dir, err)
+		}
+	}
+	if !s.databaseSet {
+		pg, err := startEmbeddedPG(ctx, dir, log)
+		if err != nil {
+			return nil, err
+		}
+		stops.add(func() {
+			if err := pg.Stop(); err != nil {
+				log.Warn("stopping embedded PostgreSQL", "error", err)
+			}
+		})
+		s.databaseURL = pg.URL()
+		w.database = "embedded PostgreSQL " + string(embeddedPGVersion) + " at " + redactURL(pg.URL()) + " (data in " + pg.dir + ")"
+	}
+	if !s.brokerSet {
+		s.broker = "nats"
+		if !s.natsSet {
+			ns, err := startEmbeddedNATS(dir)
+			if err != nil {
+				return nil, err
+			}
+			stops.add(ns.Stop)
+			s.brokerOpts.NATSURL = ns.URL()
+			w.broker = "embedded NATS JetStream at " + ns.URL() + " (data in " + ns.dir + ")"
+		}
+	}
+	if w.broker == "" {
+		w.broker = s.broker + " at " + redactURL(s.brokerURL())
+	}
+	if !s.smtpSet {
+		mailDir := ""
+		if s.dataDir != "" {
+			mailDir = filepath.Join(s.dataDir, "mail")
+		}
+		sink, err := startSMTPSink(mailDir)
+		if err != nil {
+			return nil, err
+		}
+		stops.add(sink.Stop)
+		s.smtpAddr = sink.Addr()
+		w.sink = sink
+		w.smtp = "built-in SMTP sink on " + sink.Addr() + " (in process)"
+	} else {
+		w.smtp = "SMTP server " + s.smtpAddr
+	}
+	return w, nil
+}
+
+// brokerURL is the URL of the selected broker.
+func (s *settings) brokerURL() string {
+	switch s.broker {
+	case "rabbitmq":
+		return s.brokerOpts.RabbitMQURL
+	case "nats":
+		return s.brokerOpts.NATSURL
+	}
+	return ""
+}
+
+// openStack connects to the database (pool sized for the worker's
+// concurrency and the relay) and builds the notification service. With
+// migrate it applies the outbox's and the app's migrations first.
+func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool) (*stack, error) {
+	cfg, err := pgxpool.ParseConfig(s.databaseURL)
+	if err != nil {
+		return nil, usagef("--%s: %v", flagDatabaseURL, err)
+	}
+	if want := int32(max(s.concurrency, 1) + 20); cfg.MaxConns < want {
+		cfg.MaxConns = want
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: database %s: %w", redactURL(s.databaseURL), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ferry: database %s: %w", redactURL(s.databaseURL), err)
+	}
+	if migrate {
+		if err := migrateAll(ctx, pool); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	a, err := app.New(app.Config{
+		Pool:                 pool,
+		SMTPAddr:             s.smtpAddr,
+		DebugFailAfterOutbox: s.debugFail,
+		Logger:               log,
+		Exchange:             s.exchange,
+		Queue:                s.queue,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &stack{s: s, log: log, pool: pool, app: a}, nil
+}
+
+func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return app.Migrate(ctx, pool)
+}
+
+func (st *stack) close() { st.pool.Close() }
+
+func (st *stack) topology() broker.Topology { return st.app.Topology(st.s.retryDelays) }
+
+// runAPI serves the HTTP API on s.addr until ctx is done, then shuts down
+// within the shutdown timeout.
+func (st *stack) runAPI(ctx context.Context) error {
+	ln, err := net.Listen("tcp", st.s.addr)
+	if err != nil {
+		return fmt.Errorf("ferry: api: --%s %s: %w", flagAddr, st.s.addr, err)
+	}
+	srv := &http.Server{
+		Handler:           st.app.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(st.log.Handler(), slog.LevelWarn),
+	}
+	st.log.Info("api listening", "addr", ln.Addr().String())
+	if st.apiReady != nil {
+		st.apiReady(ln.Addr().String())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("ferry: api: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.s.shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("ferry: api: shutdown: %w", err)
+	}
+	st.log.Info("api stopped")
+	return nil
+}
+
+// runRelay publishes the outbox to the broker until ctx is done; it waits
+// for an unreachable broker.
+func (st *stack) runRelay(ctx context.Context) error {
+	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.log)
+	if err != nil {
+		return ignoreCanceled(ctx, err)
+	}
+	defer b.Close()
+	r, err := outbox.NewRelay(outbox.RelayConfig{
+		Pool:         st.pool,
+		Broker:       b,
+		BatchSize:    st.s.batchSize,
+		PollInterval: st.s.pollInterval,
+		Retention:    st.s.retention,
+		Logger:       st.log.With("component", "relay"),
+	})
+	if err != nil {
+		return err
+	}
+	st.log.Info("relay running", "broker", st.s.broker)
+	return r.Run(ctx)
+}
+
+// runWorker consumes the notification queue until ctx is done; it waits
+// for an unreachable broker.
+func (st *stack) runWorker(ctx context.Context) error {
+	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("worker"), st.topology(), st.log)
+	if err != nil {
+		return ignoreCanceled(ctx, err)
+	}
+	defer b.Close()
+	w, err := worker.New(worker.Config{
+		Consumer:        st.app.Queue(),
+		Queue:           st.app.Queue(),
+		Pool:            st.pool,
+		Broker:          b,
+		Handler:         st.app.HandleNotification,
+		Topology:        st.topology(),
+		Concurrency:     st.s.concurrency,
+		Prefetch:        st.s.prefetch,
+		Policy:          worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays},
+		ShutdownTimeout: st.s.shutdownTimeout,
+		Logger:          st.log.With("component", "worker"),
+		OnFailure:       st.app.OnFailure,
+		OnOutcome:       st.onOutcome,
+	})
+	if err != nil {
+		return err
+	}
+	st.log.Info("worker running", "broker", st.s.broker, "queue", st.app.Queue())
+	return w.Run(ctx)
+}
+
+func (st *stack) brokerOptions(component string) BrokerOptions {
+	o := st.s.brokerOpts
+	o.Logger = st.log.With("component", component, "broker", st.s.broker)
+	return o
+}
+
+// runAll runs api, relay and worker until ctx is done or one of them
+// fails; a failure stops the others.
+func (st *stack) runAll(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return st.runAPI(gctx) })
+	g.Go(func() error { return st.runRelay(gctx) })
+	g.Go(func() error { return st.runWorker(gctx) })
+	return g.Wait()
+}
+
+func ignoreCanceled(ctx context.Context, err error) error {
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return nil
+	}
+	return err
+}

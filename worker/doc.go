@@ -1,0 +1,90 @@
+// Package worker runs a handler for every message of a broker queue, at
+// most once per message ID and consumer as far as the database is
+// concerned.
+//
+// # Semantics
+//
+// Delivery is at least once (package broker): a message can arrive again
+// after a crash, a lost connection, an expired ack deadline, or because the
+// relay published it twice. The worker turns that into effectively-once
+// side effects in the database. For each delivery it opens one transaction
+// and, in it:
+//
+//  1. inserts (Consumer, Message.ID) into processed_messages with
+//     ON CONFLICT DO NOTHING. Zero rows inserted means this consumer
+//     already processed the message: the transaction is rolled back, the
+//     delivery acked, and the outcome is OutcomeDuplicate. A concurrent
+//     duplicate waits on the row lock of the first one and then sees it.
+//  2. runs the Handler with the transaction, so the handler's own writes
+//     commit together with the dedup row, or not at all.
+//  3. commits, and only then acks the delivery.
+//
+// Two consumers of one event (different Consumer names, each with its own
+// queue bound to the event type) each handle it once.
+//
+// If the process dies after the commit and before the ack, the broker
+// redelivers the message and step 1 drops it. If the handler fails, the
+// transaction is rolled back — no dedup row is left — and the message is
+// retried.
+//
+// # Outcomes and retries
+//
+// A handler returns:
+//
+//   - nil: commit, then ack (OutcomeAck).
+//   - an ordinary error: roll back and ask the RetryPolicy (default
+//     BackoffPolicy: 5 attempts, 30 s between them). The message comes back
+//     after the delay (broker.Delivery.Retry, HeaderRetryCount + 1,
+//     HeaderLastError = the error text) with Message.Attempt one higher
+//     (OutcomeRetry). After the last attempt it goes to the queue's DLQ
+//     with its headers plus HeaderLastError (OutcomeDead).
+//   - Permanent(err): roll back and dead-letter at once, whatever the
+//     attempt (OutcomeDead).
+//   - RetryAfter(err, d): like an ordinary error, but the next attempt comes
+//     after d instead of the policy's delay.
+//
+// A failed commit counts as an ordinary error. A panic in the handler is
+// recovered and counts as an ordinary error wrapping ErrPanic: the worker
+// never crashes because of a handler. After each failed attempt,
+// Config.OnFailure runs in its own transaction, with dead=true when the
+// message goes to the DLQ, so the application can record the failure.
+//
+// The worker, not the broker adapter, owns the retry policy and the attempt
+// counting; the adapter only carries out Retry(delay) and DeadLetter. On a
+// broker without native delays (RabbitMQ) the delay is rounded up to the
+// queue's declared retry levels (broker.Queue.RetryDelays), so keep the
+// policy's Delays equal to the queue's: by default, when Config.Topology is
+// set, the policy takes them from there. New checks the policy's delays
+// against the broker's Capabilities.
+//
+// # External side effects
+//
+// The transaction covers only the database. A side effect outside it — an
+// e-mail sent over SMTP, an HTTP call — happens before the commit, so when
+// the commit fails, or the process dies between the side effect and the
+// commit, the message is handled again and the side effect repeats. To make
+// that rare and harmless the handler keeps its own state: it locks and
+// reads its row (SELECT ... FOR UPDATE), skips the send when the row says
+// "already sent", marks it sent in the same transaction, and passes an
+// idempotency key (e.g. the Message.ID as the e-mail's Message-ID) where the
+// other side supports one. Exactly-once delivery to an external system is
+// impossible in general; at-least-once with deduplication on both sides is
+// what this gives.
+//
+// # Concurrency and shutdown
+//
+// Run handles up to Config.Concurrency messages at once, with
+// Config.Prefetch deliveries in flight; size the database pool to at least
+// Concurrency connections. Each message costs one transaction: BEGIN, the
+// dedup INSERT, the handler's statements and COMMIT. While a handler runs,
+// the worker calls Delivery.Extend every AckDeadline/3 so a broker with an
+// ack deadline does not redeliver it meanwhile.
+//
+// When Run's ctx is cancelled (SIGTERM), the worker stops receiving, lets
+// the in-flight handlers finish for up to Config.ShutdownTimeout — their
+// ctx is not cancelled during that time — settles them, and Run returns
+// nil. Handlers still running at the timeout get their ctx cancelled; their
+// transactions roll back and their deliveries are left unsettled, so the
+// broker redelivers them to the next worker (without spending an attempt,
+// except on brokers whose Capabilities.CountsRedeliveries is true).
+package worker

@@ -1,0 +1,566 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Handler handles one message inside the dedup transaction tx: its
+// database writes commit together with the dedup row, or not at all. It
+// returns nil (the message is acked), an ordinary error (retried under the
+// RetryPolicy), Permanent(err) (dead-lettered at once) or RetryAfter(err, d)
+// (retried after d). It must not commit or roll back tx. ctx is cancelled
+// only when a shutdown's ShutdownTimeout expires. A handler may run again
+// for the same message (after a failed attempt, or a crash before the
+// commit); see the package doc for external side effects.
+type Handler func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error
+
+// FailureFunc is called in its own transaction tx after a failed attempt,
+// before the message is retried (dead=false) or dead-lettered (dead=true);
+// err is the handler's error. The application records the failure there
+// (e.g. marks a notification "failed"). It may be called more than once for
+// one attempt (when settling the delivery failed and the broker redelivered
+// it), so it must be idempotent. When it fails the error is logged and the
+// message is retried or dead-lettered all the same.
+type FailureFunc func(ctx context.Context, tx pgx.Tx, msg *broker.Message, err error, dead bool) error
+
+// Outcome is how one delivery was settled.
+type Outcome int
+
+const (
+	// OutcomeAck: the handler succeeded, the transaction committed and the
+	// delivery was acked.
+	OutcomeAck Outcome = iota
+	// OutcomeRetry: the attempt failed and the message was sent back for
+	// another attempt (broker.Delivery.Retry).
+	OutcomeRetry
+	// OutcomeDead: the message was moved to the DLQ (last attempt failed,
+	// a Permanent error, or a message without ID).
+	OutcomeDead
+	// OutcomeDuplicate: the consumer had already processed the message ID;
+	// the delivery was acked without calling the handler.
+	OutcomeDuplicate
+)
+
+// String returns "ack", "retry", "dead" or "duplicate" (the metrics label).
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAck:
+		return "ack"
+	case OutcomeRetry:
+		return "retry"
+	case OutcomeDead:
+		return "dead"
+	case OutcomeDuplicate:
+		return "duplicate"
+	default:
+		return fmt.Sprintf("Outcome(%d)", int(o))
+	}
+}
+
+// Defaults of Config.
+const (
+	// DefaultConcurrency is Config.Concurrency when 0.
+	DefaultConcurrency = 10
+	// DefaultAckDeadline is Config.AckDeadline when 0.
+	DefaultAckDeadline = 30 * time.Second
+	// DefaultShutdownTimeout is Config.ShutdownTimeout when 0.
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// DedupTable is the table the worker inserts (consumer, message_id) into;
+// package outbox's migrations create it.
+const DedupTable = "processed_messages"
+
+const dedupSQL = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+
+// settleTimeout bounds a settlement (Ack, Retry, DeadLetter, Extend) and a
+// rollback, which run on a context that a shutdown does not cancel.
+const settleTimeout = 10 * time.Second
+
+// Config configures a Worker. The zero value of every optional field means
+// the documented default.
+type Config struct {
+	// Consumer names the consuming application for deduplication: a message
+	// ID is processed once per Consumer, so two consumers of one event each
+	// handle it once. Required.
+	Consumer string
+	// Queue is the declared work queue to consume. Required.
+	Queue string
+	// Pool is the PostgreSQL pool holding processed_messages and the
+	// handler's tables. Size it to at least Concurrency connections
+	// (pgxpool's pool_max_conns); New logs a warning when it is smaller.
+	// Required.
+	Pool *pgxpool.Pool
+	// Broker delivers the messages. Required.
+	Broker broker.Broker
+	// Handler handles each message. Required.
+	Handler Handler
+	// Topology, when its Exchange is set, is declared by Run before
+	// subscribing (broker.Broker.Declare is idempotent), must contain Queue,
+	// is checked against the broker's Capabilities, and gives the default
+	// policy its delays (the queue's RetryDelays). Optional: without it the
+	// queue must have been declared on Broker before Run.
+	Topology broker.Topology
+	// Concurrency is the number of messages handled at once. Defaults to
+	// DefaultConcurrency (10).
+	Concurrency int
+	// Prefetch bounds the deliveries received and not yet settled
+	// (broker.SubscribeOptions.Prefetch). Defaults to 2×Concurrency, so a
+	// next message is already waiting when a handler finishes.
+	Prefetch int
+	// AckDeadline is the broker's ack deadline (broker.SubscribeOptions);
+	// while a handler runs, the worker calls Delivery.Extend every
+	// AckDeadline/3. Defaults to DefaultAckDeadline (30 s).
+	AckDeadline time.Duration
+	// Policy decides retries after ordinary handler errors. Defaults to
+	// BackoffPolicy{} (5 attempts) with the Topology queue's RetryDelays as
+	// Delays when Topology is set, else 30 s.
+	Policy RetryPolicy
+	// ShutdownTimeout is how long Run waits, after its ctx is cancelled, for
+	// the in-flight handlers to finish before cancelling their ctx.
+	// Defaults to DefaultShutdownTimeout (30 s).
+	ShutdownTimeout time.Duration
+	// Logger receives the worker's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnFailure, when set, is called after every failed attempt; see
+	// FailureFunc.
+	OnFailure FailureFunc
+	// OnOutcome, when set, is called after each delivery was settled (or
+	// its settlement failed, which is logged), with the outcome and the
+	// time spent in the transaction (dedup insert, handler and commit). It
+	// is called concurrently from the handling goroutines and must be fast;
+	// the ops helper records Prometheus metrics here.
+	OnOutcome func(msg *broker.Message, outcome Outcome, handlerDuration time.Duration)
+}
+
+// Worker consumes one queue and runs the handler once per message ID and
+// Consumer. Create it with New; it is safe for concurrent use, and Run may
+// be called again after a Run returned.
+type Worker struct {
+	cfg     Config
+	policy  RetryPolicy
+	caps    broker.Capabilities
+	log     *slog.Logger
+	running atomic.Bool
+}
+
+// New validates cfg, applies the defaults and checks the configuration
+// against cfg.Broker.Capabilities. The error wraps ErrInvalidConfig and
+// names the field, or wraps broker.ErrUnsupported when the broker cannot
+// honour the policy's delays or the topology.
+func New(cfg Config) (*Worker, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case cfg.Consumer == "":
+		return nil, bad("Config.Consumer: required (the dedup name of this consumer)")
+	case len(cfg.Consumer) > 200:
+		return nil, bad("Config.Consumer: %d bytes, at most 200", len(cfg.Consumer))
+	case cfg.Queue == "":
+		return nil, bad("Config.Queue: required")
+	case cfg.Pool == nil:
+		return nil, bad("Config.Pool: required")
+	case cfg.Broker == nil:
+		return nil, bad("Config.Broker: required")
+	case cfg.Handler == nil:
+		return nil, bad("Config.Handler: required")
+	case cfg.Concurrency < 0:
+		return nil, bad("Config.Concurrency %d: must not be negative", cfg.Concurrency)
+	case cfg.Prefetch < 0:
+		return nil, bad("Config.Prefetch %d: must not be negative", cfg.Prefetch)
+	case cfg.AckDeadline < 0:
+		return nil, bad("Config.AckDeadline %v: must not be negative", cfg.AckDeadline)
+	case cfg.ShutdownTimeout < 0:
+		return nil, bad("Config.ShutdownTimeout %v: must not be negative", cfg.ShutdownTimeout)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Prefetch == 0 {
+		cfg.Prefetch = 2 * cfg.Concurrency
+	}
+	if cfg.AckDeadline == 0 {
+		cfg.AckDeadline = DefaultAckDeadline
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	hasTopology := cfg.Topology.Exchange != "" || len(cfg.Topology.Queues) > 0
+	if hasTopology {
+		if err := cfg.Topology.Validate(); err != nil {
+			return nil, bad("Config.Topology: %v", err)
+		}
+		if _, ok := cfg.Topology.Queue(cfg.Queue); !ok {
+			return nil, bad("Config.Queue %q: not in Config.Topology", cfg.Queue)
+		}
+	}
+	if cfg.Policy == nil {
+		p := BackoffPolicy{}
+		if q, ok := cfg.Topology.Queue(cfg.Queue); ok {
+			p.Delays = append([]time.Duration(nil), q.Delays()...)
+		}
+		cfg.Policy = p
+	}
+	if v, ok := cfg.Policy.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil {
+			return nil, bad("Config.Policy: %v", err)
+		}
+	}
+	req := broker.Requirements{Topology: cfg.Topology}
+	if dl, ok := cfg.Policy.(DelayLister); ok {
+		req.RetryDelays = dl.RetryDelays()
+	}
+	caps := cfg.Broker.Capabilities()
+	if err := caps.Check(req); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w := &Worker{cfg: cfg, policy: cfg.Policy, caps: caps, log: cfg.Logger.With("consumer", cfg.Consumer, "queue", cfg.Queue)}
+	if max := int(cfg.Pool.Stat().MaxConns()); max < cfg.Concurrency {
+		w.log.Warn("worker: database pool smaller than Concurrency; handlers will wait for connections",
+			"pool_max_conns", max, "concurrency", cfg.Concurrency)
+	}
+	if hasTopology && !caps.NativeDelay {
+		q, _ := cfg.Topology.Queue(cfg.Queue)
+		levels := q.Delays()
+		longest := levels[len(levels)-1]
+		for _, d := range levels {
+			longest = max(longest, d)
+		}
+		for _, d := range req.RetryDelays {
+			if d > longest {
+				w.log.Warn("worker: the policy asks for a delay longer than the queue's longest retry level; the broker will use that level",
+					"delay", d, "longest_level", longest, "broker", caps.Name)
+			}
+		}
+	}
+	return w, nil
+}
+
+// Run consumes the queue until ctx is cancelled. It declares Topology when
+// set, subscribes, and handles up to Concurrency messages at once. When ctx
+// is cancelled it stops receiving, waits up to ShutdownTimeout for the
+// in-flight handlers (their ctx stays alive meanwhile), then cancels the
+// handlers still running — their deliveries are left unsettled, so the
+// broker redelivers them — and returns nil. It returns an error when
+// Declare or Subscribe fail with ctx still alive, or when the broker is
+// closed under it (wrapping broker.ErrClosed); ErrAlreadyRunning when
+// another Run of this Worker is active.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer w.running.Store(false)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if w.cfg.Topology.Exchange != "" {
+		if err := w.cfg.Broker.Declare(ctx, w.cfg.Topology); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("worker: declare topology: %w", err)
+		}
+	}
+	sub, err := w.cfg.Broker.Subscribe(ctx, w.cfg.Queue, broker.SubscribeOptions{
+		Prefetch:    w.cfg.Prefetch,
+		AckDeadline: w.cfg.AckDeadline,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("worker: subscribe %s: %w", w.cfg.Queue, err)
+	}
+
+	// Handlers and settlements run on hctx, which keeps ctx's values but
+	// is cancelled only when the shutdown timeout expires.
+	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hcancel()
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	defer stopLoops()
+
+	var (
+		fatalOnce sync.Once
+		fatal     error
+	)
+	setFatal := func(err error) {
+		fatalOnce.Do(func() { fatal = err })
+		stopLoops()
+	}
+
+	w.log.Info("worker: started", "concurrency", w.cfg.Concurrency, "prefetch", w.cfg.Prefetch, "broker", w.caps.Name)
+	var wg sync.WaitGroup
+	for range w.cfg.Concurrency {
+		wg.Go(func() { w.loop(loopCtx, hctx, sub, setFatal) })
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+
+	<-loopCtx.Done()
+	if err := sub.Close(); err != nil {
+		w.log.Warn("worker: close subscription", "err", err)
+	}
+	timer := time.NewTimer(w.cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		w.log.Warn("worker: shutdown timeout expired; cancelling the handlers still running, their messages will be redelivered",
+			"shutdown_timeout", w.cfg.ShutdownTimeout)
+		hcancel()
+		select {
+		case <-done:
+		case <-time.After(settleTimeout):
+			w.log.Error("worker: handlers ignore their cancelled context; returning while they still run")
+		}
+	}
+	w.log.Info("worker: stopped")
+	return fatal
+}
+
+// loop receives and handles deliveries until loopCtx is done.
+func (w *Worker) loop(loopCtx, hctx context.Context, sub broker.Subscription, setFatal func(error)) {
+	backoff := 100 * time.Millisecond
+	for loopCtx.Err() == nil {
+		d, err := sub.Receive(loopCtx)
+		if err != nil {
+			if loopCtx.Err() != nil {
+				return
+			}
+			if errors.Is(err, broker.ErrClosed) {
+				setFatal(fmt.Errorf("worker: receive from %s: %w", w.cfg.Queue, err))
+				return
+			}
+			w.log.Warn("worker: receive", "err", err, "retry_in", backoff)
+			select {
+			case <-loopCtx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		w.handle(hctx, d)
+	}
+}
+
+// handle processes one delivery and settles it.
+func (w *Worker) handle(ctx context.Context, d broker.Delivery) {
+	msg := d.Message()
+	if msg.ID == "" {
+		w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
+		return
+	}
+	ext := w.startExtender(d)
+	start := time.Now()
+	dup, err := w.process(ctx, msg)
+	dur := time.Since(start)
+	ext.stop()
+
+	switch {
+	case dup:
+		w.ack(ctx, d, msg, OutcomeDuplicate, dur)
+	case err == nil:
+		w.ack(ctx, d, msg, OutcomeAck, dur)
+	case ctx.Err() != nil:
+		// Shutdown timeout expired: leave the delivery unsettled so the
+		// broker redelivers it without spending an attempt.
+		w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", msg.ID, "err", err)
+	default:
+		w.settle(ctx, d, msg, err, dur, false)
+	}
+}
+
+// process runs the dedup insert, the handler and the commit in one
+// transaction. dup reports a message already processed by this consumer.
+func (w *Worker) process(ctx context.Context, msg *broker.Message) (dup bool, err error) {
+	tx, err := w.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("worker: begin transaction: %w", err)
+	}
+	tag, err := tx.Exec(ctx, dedupSQL, w.cfg.Consumer, msg.ID)
+	if err != nil {
+		w.rollback(ctx, tx)
+		return false, fmt.Errorf("worker: insert into %s: %w", DedupTable, err)
+	}
+	if tag.RowsAffected() == 0 {
+		w.rollback(ctx, tx)
+		return true, nil
+	}
+	if err := w.callHandler(ctx, tx, msg); err != nil {
+		w.rollback(ctx, tx)
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		w.rollback(ctx, tx)
+		return false, fmt.Errorf("worker: commit: %w", err)
+	}
+	return false, nil
+}
+
+// callHandler runs the handler, turning a panic into an error wrapping
+// ErrPanic; the stack goes to the log, not into the DLQ reason.
+func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msg *broker.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrPanic, r)
+			w.log.Error("worker: handler panicked", "message_id", msg.ID, "attempt", msg.Attempt, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	return w.cfg.Handler(ctx, tx, msg)
+}
+
+func (w *Worker) rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := tx.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		w.log.Warn("worker: rollback", "err", err)
+	}
+}
+
+func (w *Worker) ack(ctx context.Context, d broker.Delivery, msg *broker.Message, o Outcome, dur time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := d.Ack(sctx); err != nil {
+		// The transaction committed: the redelivery will be a duplicate and
+		// absorbed by the dedup row.
+		w.log.Warn("worker: ack after commit failed; the redelivery will be dropped as a duplicate",
+			"message_id", msg.ID, "outcome", o.String(), "err", err)
+	}
+	w.outcome(msg, o, dur)
+}
+
+// settle decides between retry and DLQ for a failed attempt, runs
+// OnFailure, and settles the delivery.
+func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, herr error, dur time.Duration, dead bool) {
+	var delay time.Duration
+	if !dead && !IsPermanent(herr) {
+		attempt := max(msg.Attempt, 1)
+		var retry bool
+		delay, retry = w.policy.NextRetry(attempt, herr)
+		dead = !retry
+		var ra *RetryAfterError
+		if retry && errors.As(herr, &ra) && ra.Delay > 0 {
+			delay = ra.Delay
+		}
+		if w.caps.MaxDelay > 0 && delay > w.caps.MaxDelay {
+			delay = w.caps.MaxDelay
+		}
+		delay = max(delay, 0)
+	} else {
+		dead = true
+	}
+	reason := broker.TruncateReason(herr.Error())
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if w.cfg.OnFailure != nil {
+		if err := w.onFailure(sctx, msg, herr, dead); err != nil {
+			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", dead, "err", err)
+		}
+	}
+	if dead {
+		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", reason)
+		if err := d.DeadLetter(sctx, reason); err != nil {
+			w.log.Error("worker: dead-letter failed; the broker will redeliver the message", "message_id", msg.ID, "err", err)
+		}
+		w.outcome(msg, OutcomeDead, dur)
+		return
+	}
+	w.log.Info("worker: message will be retried", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "delay", delay, "reason", reason)
+	if err := d.Retry(sctx, delay, reason); err != nil {
+		w.log.Error("worker: retry failed; the broker will redeliver the message", "message_id", msg.ID, "err", err)
+	}
+	w.outcome(msg, OutcomeRetry, dur)
+}
+
+// onFailure runs OnFailure in its own transaction.
+func (w *Worker) onFailure(ctx context.Context, msg *broker.Message, herr error, dead bool) (err error) {
+	tx, err := w.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("worker: OnFailure: begin transaction: %w", err)
+	}
+	defer w.rollback(ctx, tx)
+	err = func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%w: OnFailure: %v", ErrPanic, r)
+				w.log.Error("worker: OnFailure panicked", "message_id", msg.ID, "panic", r, "stack", string(debug.Stack()))
+			}
+		}()
+		return w.cfg.OnFailure(ctx, tx, msg, herr, dead)
+	}()
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("worker: OnFailure: commit: %w", err)
+	}
+	return nil
+}
+
+func (w *Worker) outcome(msg *broker.Message, o Outcome, dur time.Duration) {
+	if w.cfg.OnOutcome == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("worker: OnOutcome panicked", "panic", r)
+		}
+	}()
+	w.cfg.OnOutcome(msg, o, dur)
+}
+
+// extender calls Delivery.Extend every AckDeadline/3 while a handler runs.
+type extender struct {
+	mu      sync.Mutex
+	stopped bool
+	t       *time.Timer
+}
+
+func (w *Worker) startExtender(d broker.Delivery) *extender {
+	every := w.cfg.AckDeadline / 3
+	e := &extender{}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.t = time.AfterFunc(every, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.stopped {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		err := d.Extend(ctx)
+		cancel()
+		if err != nil {
+			w.log.Warn("worker: extend ack deadline", "message_id", d.Message().ID, "err", err)
+		}
+		e.t.Reset(every)
+	})
+	return e
+}
+
+// stop stops the extender and waits for a running Extend call.
+func (e *extender) stop() {
+	e.mu.Lock()
+	e.stopped = true
+	e.t.Stop()
+	e.mu.Unlock()
+}

@@ -1,0 +1,568 @@
+// Package workertest is the integration suite of package worker, generic
+// over the broker: every adapter's tests can run it against its real
+// server, next to the broker conformance suite (broker/brokertest).
+//
+// The suite needs a real PostgreSQL (testenv.NewPool: one fresh database
+// per test) and a connected broker from the constructor it is given. It
+// uses short retry delays (150 ms), so it runs in a few seconds.
+package workertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// NewBrokerFunc returns a broker connected to a real server, closed when
+// the test ends (tb.Cleanup). It fails tb when the server is unreachable.
+// Each call returns a new connection.
+type NewBrokerFunc func(tb testing.TB) broker.Broker
+
+// retryDelay is the suite's short retry delay.
+const retryDelay = 150 * time.Millisecond
+
+// waitTimeout bounds every wait for an outcome.
+const waitTimeout = 30 * time.Second
+
+// RunWorkerSuite runs the worker's integration tests against the brokers
+// newBroker returns.
+func RunWorkerSuite(t *testing.T, newBroker NewBrokerFunc) {
+	t.Run("DuplicateMessageHandledOnce", func(t *testing.T) { testDuplicate(t, newBroker) })
+	t.Run("ManyMessagesEachOnce", func(t *testing.T) { testMany(t, newBroker) })
+	t.Run("RetriesThenDeadLetter", func(t *testing.T) { testRetriesThenDLQ(t, newBroker) })
+	t.Run("PermanentGoesToDLQAtOnce", func(t *testing.T) { testPermanent(t, newBroker) })
+	t.Run("TwoConsumersEachOnce", func(t *testing.T) { testTwoConsumers(t, newBroker) })
+	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, newBroker) })
+	t.Run("RetryAfter", func(t *testing.T) { testRetryAfter(t, newBroker) })
+	t.Run("PanicIsRetried", func(t *testing.T) { testPanic(t, newBroker) })
+	t.Run("ShutdownFinishesInFlight", func(t *testing.T) { testShutdown(t, newBroker) })
+	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, newBroker) })
+}
+
+// CreateSchema migrates the pool's database with outbox.Migrate (which
+// creates processed_messages) and adds the suite's side_effects table.
+func CreateSchema(tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	require.NoError(tb, outbox.Migrate(context.Background(), pool))
+	_, err := pool.Exec(context.Background(), `
+CREATE TABLE IF NOT EXISTS side_effects (
+	consumer   TEXT NOT NULL,
+	message_id TEXT NOT NULL,
+	attempt    INT NOT NULL
+)`)
+	require.NoError(tb, err)
+}
+
+// fixture is what one test needs.
+type fixture struct {
+	pool  *pgxpool.Pool
+	b     broker.Broker
+	topo  broker.Topology
+	queue string
+	typ   string
+}
+
+// setup gives a fresh database, a broker and a declared topology with
+// queues (one per name suffix) bound to one event type.
+func setup(t *testing.T, newBroker NewBrokerFunc, queues int) *fixture {
+	t.Helper()
+	pool, _ := testenv.NewPool(t)
+	CreateSchema(t, pool)
+	b := newBroker(t)
+	f := &fixture{pool: pool, b: b, typ: "ferry.test.created"}
+	f.topo = broker.Topology{Exchange: testenv.UniqueName("wt-ex")}
+	for i := range queues {
+		f.topo.Queues = append(f.topo.Queues, broker.Queue{
+			Name:        testenv.UniqueName(fmt.Sprintf("wt-q%d", i)),
+			Bindings:    []string{f.typ},
+			RetryDelays: []time.Duration{retryDelay},
+		})
+	}
+	f.queue = f.topo.Queues[0].Name
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, f.topo))
+	return f
+}
+
+func (f *fixture) publish(t *testing.T, msgs ...*broker.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	for i := 0; i < len(msgs); i += 500 {
+		require.NoError(t, f.b.Publish(ctx, msgs[i:min(i+500, len(msgs))]))
+	}
+}
+
+func (f *fixture) msg(id string) *broker.Message {
+	return &broker.Message{ID: id, Type: f.typ, Body: []byte(`{"n":` + strconv.Quote(id) + `}`), Headers: map[string]string{"app-header": "kept-" + id}}
+}
+
+// config returns a worker config for queue with the suite's defaults.
+func (f *fixture) config(consumer, queue string, h worker.Handler) worker.Config {
+	return worker.Config{
+		Consumer:        consumer,
+		Queue:           queue,
+		Pool:            f.pool,
+		Broker:          f.b,
+		Handler:         h,
+		Topology:        f.topo,
+		Concurrency:     4,
+		Policy:          worker.BackoffPolicy{MaxAttempts: 3, Delays: []time.Duration{retryDelay}},
+		ShutdownTimeout: 10 * time.Second,
+	}
+}
+
+// outcomes records the OnOutcome calls.
+type outcomes struct {
+	mu   sync.Mutex
+	list []outcomeRec
+	ch   chan struct{}
+}
+
+type outcomeRec struct {
+	id      string
+	attempt int
+	outcome worker.Outcome
+	at      time.Time
+}
+
+func newOutcomes() *outcomes { return &outcomes{ch: make(chan struct{}, 1)} }
+
+func (o *outcomes) hook(msg *broker.Message, out worker.Outcome, _ time.Duration) {
+	o.mu.Lock()
+	o.list = append(o.list, outcomeRec{id: msg.ID, attempt: msg.Attempt, outcome: out, at: time.Now()})
+	o.mu.Unlock()
+	select {
+	case o.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outcomes) snapshot() []outcomeRec {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]outcomeRec(nil), o.list...)
+}
+
+func (o *outcomes) count(out worker.Outcome) int {
+	n := 0
+	for _, r := range o.snapshot() {
+		if r.outcome == out {
+			n++
+		}
+	}
+	return n
+}
+
+// waitCount waits until at least n outcomes out were recorded.
+func (o *outcomes) waitCount(t *testing.T, out worker.Outcome, n int) {
+	t.Helper()
+	deadline := time.NewTimer(waitTimeout)
+	defer deadline.Stop()
+	for o.count(out) < n {
+		select {
+		case <-o.ch:
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline.C:
+			t.Fatalf("workertest: waited %v for %d %v outcomes; have %+v", waitTimeout, n, out, o.snapshot())
+		}
+	}
+}
+
+// start runs a worker built from cfg until the returned stop is called (or
+// the test ends); stop cancels Run's ctx, waits for Run and requires nil.
+func start(t *testing.T, cfg worker.Config) (stop func()) {
+	t.Helper()
+	w, err := worker.New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(waitTimeout):
+				t.Errorf("workertest: Run did not return %v after its ctx was cancelled", waitTimeout)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// recordSideEffect is the handlers' database side effect.
+func recordSideEffect(ctx context.Context, tx pgx.Tx, consumer string, msg *broker.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO side_effects (consumer, message_id, attempt) VALUES ($1, $2, $3)`, consumer, msg.ID, msg.Attempt)
+	return err
+}
+
+func testDuplicate(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	cfg := f.config("dup", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		return recordSideEffect(ctx, tx, "dup", msg)
+	})
+	cfg.OnOutcome = out.hook
+	start(t, cfg)
+	// The same event published twice with the same ID, as the relay does
+	// when a confirm was lost.
+	f.publish(t, f.msg("42"))
+	f.publish(t, f.msg("42"))
+	out.waitCount(t, worker.OutcomeAck, 1)
+	out.waitCount(t, worker.OutcomeDuplicate, 1)
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '42'`))
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'dup' AND message_id = '42'`))
+	require.Len(t, out.snapshot(), 2)
+}
+
+func testMany(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	cfg := f.config("many", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		return recordSideEffect(ctx, tx, "many", msg)
+	})
+	cfg.Concurrency = 8
+	cfg.OnOutcome = out.hook
+	const n = 300
+	msgs := make([]*broker.Message, 0, n+50)
+	for i := range n {
+		msgs = append(msgs, f.msg(strconv.Itoa(i+1)))
+	}
+	for i := range 50 { // redelivered duplicates mixed in
+		msgs = append(msgs, f.msg(strconv.Itoa(i*5+1)))
+	}
+	f.publish(t, msgs...)
+	start(t, cfg)
+	out.waitCount(t, worker.OutcomeAck, n)
+	out.waitCount(t, worker.OutcomeDuplicate, 50)
+	require.Equal(t, n, count(t, f.pool, `SELECT count(*) FROM side_effects`))
+	require.Equal(t, n, count(t, f.pool, `SELECT count(DISTINCT message_id) FROM side_effects`))
+	require.Equal(t, n, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'many'`))
+}
+
+// failureRec records an OnFailure call.
+type failureRec struct {
+	attempt int
+	dead    bool
+	err     string
+}
+
+type failures struct {
+	mu   sync.Mutex
+	list []failureRec
+}
+
+func (fs *failures) hook(_ context.Context, _ pgx.Tx, msg *broker.Message, err error, dead bool) error {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.list = append(fs.list, failureRec{attempt: msg.Attempt, dead: dead, err: err.Error()})
+	return nil
+}
+
+func (fs *failures) snapshot() []failureRec {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return append([]failureRec(nil), fs.list...)
+}
+
+func listDLQ(t *testing.T, b broker.Broker, queue string) []broker.DeadMessage {
+	t.Helper()
+	dlq, err := b.DLQ(queue)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	dead, err := dlq.List(ctx, 0)
+	require.NoError(t, err)
+	return dead
+}
+
+// waitDLQ waits until the DLQ of queue holds n messages (the DLQ copy may
+// become visible a moment after DeadLetter returned on some brokers).
+func waitDLQ(t *testing.T, b broker.Broker, queue string, n int) []broker.DeadMessage {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		dead := listDLQ(t, b, queue)
+		if len(dead) >= n || time.Now().After(deadline) {
+			require.Len(t, dead, n)
+			return dead
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func testRetriesThenDLQ(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	fails := &failures{}
+	var (
+		mu       sync.Mutex
+		attempts []int
+		times    []time.Time
+	)
+	cfg := f.config("retry", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		mu.Lock()
+		attempts = append(attempts, msg.Attempt)
+		times = append(times, time.Now())
+		mu.Unlock()
+		if err := recordSideEffect(ctx, tx, "retry", msg); err != nil {
+			return err
+		}
+		return fmt.Errorf("smtp: 451 try later (attempt %d)", msg.Attempt)
+	})
+	cfg.OnOutcome = out.hook
+	cfg.OnFailure = fails.hook
+	start(t, cfg)
+	f.publish(t, f.msg("7"))
+	out.waitCount(t, worker.OutcomeDead, 1)
+
+	mu.Lock()
+	require.Equal(t, []int{1, 2, 3}, attempts, "exactly MaxAttempts attempts")
+	for i := 1; i < len(times); i++ {
+		gap := times[i].Sub(times[i-1])
+		require.GreaterOrEqual(t, gap, retryDelay*8/10, "attempt %d came %v after the previous one; the retry delay is %v", i+1, gap, retryDelay)
+	}
+	mu.Unlock()
+	require.Equal(t, []failureRec{
+		{attempt: 1, dead: false, err: "smtp: 451 try later (attempt 1)"},
+		{attempt: 2, dead: false, err: "smtp: 451 try later (attempt 2)"},
+		{attempt: 3, dead: true, err: "smtp: 451 try later (attempt 3)"},
+	}, fails.snapshot())
+	require.Equal(t, 2, out.count(worker.OutcomeRetry))
+
+	dead := waitDLQ(t, f.b, f.queue, 1)
+	require.Equal(t, "7", dead[0].Message.ID)
+	require.Equal(t, "smtp: 451 try later (attempt 3)", dead[0].LastError)
+	require.Equal(t, "smtp: 451 try later (attempt 3)", dead[0].Message.Headers[broker.HeaderLastError])
+	require.Equal(t, "kept-7", dead[0].Message.Headers["app-header"], "the DLQ copy keeps the headers")
+	require.Equal(t, f.msg("7").Body, dead[0].Message.Body)
+	// Every attempt was rolled back: no dedup row, no side effect.
+	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM processed_messages`))
+	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM side_effects`))
+}
+
+func testPermanent(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	fails := &failures{}
+	var calls atomic.Int32
+	cfg := f.config("perm", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		calls.Add(1)
+		return worker.Permanent(errors.New("invalid payload: no recipient"))
+	})
+	cfg.OnOutcome = out.hook
+	cfg.OnFailure = fails.hook
+	start(t, cfg)
+	f.publish(t, f.msg("9"))
+	out.waitCount(t, worker.OutcomeDead, 1)
+	dead := waitDLQ(t, f.b, f.queue, 1)
+	require.Equal(t, "invalid payload: no recipient", dead[0].LastError)
+	require.Equal(t, 1, dead[0].Message.Attempt)
+	require.Equal(t, int32(1), calls.Load())
+	require.Equal(t, []failureRec{{attempt: 1, dead: true, err: "invalid payload: no recipient"}}, fails.snapshot())
+	require.Equal(t, 0, out.count(worker.OutcomeRetry))
+}
+
+func testTwoConsumers(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 2)
+	outA, outB := newOutcomes(), newOutcomes()
+	h := func(consumer string) worker.Handler {
+		return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+			return recordSideEffect(ctx, tx, consumer, msg)
+		}
+	}
+	cfgA := f.config("mailer", f.topo.Queues[0].Name, h("mailer"))
+	cfgA.OnOutcome = outA.hook
+	cfgB := f.config("audit", f.topo.Queues[1].Name, h("audit"))
+	cfgB.OnOutcome = outB.hook
+	start(t, cfgA)
+	start(t, cfgB)
+	f.publish(t, f.msg("100"))
+	f.publish(t, f.msg("100")) // a duplicate reaches both queues too
+	outA.waitCount(t, worker.OutcomeAck, 1)
+	outB.waitCount(t, worker.OutcomeAck, 1)
+	outA.waitCount(t, worker.OutcomeDuplicate, 1)
+	outB.waitCount(t, worker.OutcomeDuplicate, 1)
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE consumer = 'mailer'`))
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE consumer = 'audit'`))
+	require.Equal(t, 2, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE message_id = '100'`))
+}
+
+func testRollbackThenSuccess(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	var dedupRowsAtFailure atomic.Int32
+	dedupRowsAtFailure.Store(-1)
+	cfg := f.config("rb", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		if err := recordSideEffect(ctx, tx, "rb", msg); err != nil {
+			return err
+		}
+		if msg.Attempt == 1 {
+			return errors.New("transient failure")
+		}
+		return nil
+	})
+	cfg.OnOutcome = out.hook
+	cfg.OnFailure = func(ctx context.Context, tx pgx.Tx, msg *broker.Message, err error, dead bool) error {
+		// Runs after the rollback: the dedup row must be gone.
+		var n int
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages WHERE message_id = $1`, msg.ID).Scan(&n); err != nil {
+			return err
+		}
+		dedupRowsAtFailure.Store(int32(n))
+		return nil
+	}
+	start(t, cfg)
+	f.publish(t, f.msg("5"))
+	out.waitCount(t, worker.OutcomeAck, 1)
+	require.Equal(t, int32(0), dedupRowsAtFailure.Load(), "a failed attempt leaves no dedup row")
+	require.Equal(t, 1, out.count(worker.OutcomeRetry))
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'rb' AND message_id = '5'`))
+	// Only the successful attempt's write survived.
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects`))
+	require.Equal(t, 2, count(t, f.pool, `SELECT attempt FROM side_effects`))
+}
+
+func testRetryAfter(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	var (
+		mu    sync.Mutex
+		times []time.Time
+	)
+	cfg := f.config("ra", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		if msg.Attempt == 1 {
+			return worker.RetryAfter(errors.New("rate limited"), retryDelay)
+		}
+		return nil
+	})
+	// The policy's own delay is far longer: the retry must use RetryAfter's.
+	cfg.Policy = worker.BackoffPolicy{MaxAttempts: 3, Delays: []time.Duration{time.Hour}}
+	cfg.OnOutcome = out.hook
+	start(t, cfg)
+	f.publish(t, f.msg("11"))
+	out.waitCount(t, worker.OutcomeAck, 1)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, times, 2)
+	require.GreaterOrEqual(t, times[1].Sub(times[0]), retryDelay*8/10)
+}
+
+func testPanic(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	fails := &failures{}
+	cfg := f.config("panic", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		if msg.ID == "1" && msg.Attempt == 1 {
+			panic("nil map write in handler")
+		}
+		return recordSideEffect(ctx, tx, "panic", msg)
+	})
+	cfg.OnOutcome = out.hook
+	cfg.OnFailure = fails.hook
+	start(t, cfg)
+	f.publish(t, f.msg("1"))
+	out.waitCount(t, worker.OutcomeRetry, 1)
+	out.waitCount(t, worker.OutcomeAck, 1)
+	// The worker is alive and keeps handling.
+	f.publish(t, f.msg("2"))
+	out.waitCount(t, worker.OutcomeAck, 2)
+	got := fails.snapshot()
+	require.Len(t, got, 1)
+	require.False(t, got[0].dead)
+	require.Contains(t, got[0].err, "nil map write in handler")
+	require.Equal(t, 2, count(t, f.pool, `SELECT count(*) FROM processed_messages`))
+}
+
+func testShutdown(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	started := make(chan struct{})
+	var ctxErrAtEnd atomic.Value
+	cfg := f.config("shutdown", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		close(started)
+		time.Sleep(time.Second) // a slow handler, e.g. an SMTP call
+		ctxErrAtEnd.Store(fmt.Sprint(ctx.Err()))
+		return recordSideEffect(ctx, tx, "shutdown", msg)
+	})
+	cfg.OnOutcome = out.hook
+	stop := start(t, cfg)
+	f.publish(t, f.msg("77"))
+	select {
+	case <-started:
+	case <-time.After(waitTimeout):
+		t.Fatal("workertest: the handler did not start")
+	}
+	stop() // cancels Run's ctx while the handler runs; requires Run to return nil
+	require.Equal(t, "<nil>", ctxErrAtEnd.Load(), "the handler's ctx must stay alive during the shutdown timeout")
+	require.Equal(t, 1, out.count(worker.OutcomeAck), "the in-flight message was acked before Run returned")
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE message_id = '77'`))
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects`))
+}
+
+func testShutdownTimeout(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	out := newOutcomes()
+	started := make(chan struct{})
+	var once sync.Once
+	cfg := f.config("stuck", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		once.Do(func() { close(started) })
+		<-ctx.Done() // ignores the shutdown until its ctx is cancelled
+		return ctx.Err()
+	})
+	cfg.ShutdownTimeout = 300 * time.Millisecond
+	cfg.OnOutcome = out.hook
+	stop := start(t, cfg)
+	f.publish(t, f.msg("13"))
+	select {
+	case <-started:
+	case <-time.After(waitTimeout):
+		t.Fatal("workertest: the handler did not start")
+	}
+	stop()
+	require.Empty(t, out.snapshot(), "a handler cancelled by the shutdown timeout settles nothing")
+	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM processed_messages`))
+	require.NoError(t, f.b.Close()) // unsettled deliveries go back to the queue
+
+	// A new worker process gets the message again and handles it.
+	f.b = newBroker(t)
+	require.NoError(t, f.b.Declare(context.Background(), f.topo))
+	out2 := newOutcomes()
+	cfg2 := f.config("stuck", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		return recordSideEffect(ctx, tx, "stuck", msg)
+	})
+	cfg2.OnOutcome = out2.hook
+	start(t, cfg2)
+	out2.waitCount(t, worker.OutcomeAck, 1)
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '13'`))
+	require.Empty(t, listDLQ(t, f.b, f.queue))
+}

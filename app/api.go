@@ -1,0 +1,220 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/outbox"
+)
+
+// RequestedEvent is the JSON body of an EventNotificationRequested event.
+type RequestedEvent struct {
+	// NotificationID is the notification's id, a decimal string.
+	NotificationID string `json:"notification_id"`
+	// UserID is the notification's user_id (also the event's partition key).
+	UserID string `json:"user_id"`
+	// Channel is the notification's channel ("email").
+	Channel string `json:"channel"`
+}
+
+// Created is the body of a 201 answer to POST /notifications.
+type Created struct {
+	// ID is the notification id, a decimal string.
+	ID string `json:"id"`
+	// Status is always "pending": the status when the request was first
+	// accepted (a repeat with the same Idempotency-Key gets the same body).
+	Status string `json:"status"`
+}
+
+// Handler returns the HTTP API:
+//
+//	POST /notifications       201 Created; 400/413/422 with an APIError body
+//	GET  /notifications/{id}  200 Notification; 404 APIError
+//	GET  /healthz             200 {"status":"ok"} while the process runs
+//	GET  /readyz              200 {"status":"ok"}, 503 when the database does not answer
+//
+// Every answer is JSON. Ids are decimal strings.
+func (a *App) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /notifications", a.handleCreate)
+	mux.HandleFunc("GET /notifications/{id}", a.handleGet)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := a.Ping(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, &APIError{Code: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + clip(r.URL.Path)})
+	})
+	return mux
+}
+
+// requestLimit is the largest HTTP request body read: a maximal body field
+// with every character escaped as \u00XX, plus room for the other fields.
+func (a *App) requestLimit() int64 { return 6*int64(a.cfg.MaxBodyBytes) + 64<<10 }
+
+func (a *App) handleCreate(w http.ResponseWriter, r *http.Request) {
+	key, e := checkIdempotencyKey(r.Header.Values("Idempotency-Key"))
+	if e != nil {
+		writeJSON(w, e.Status, e)
+		return
+	}
+	limit := a.requestLimit()
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiErr(http.StatusRequestEntityTooLarge, "body", CodeRequestTooLarge,
+				"request body exceeds %d bytes; the body field is limited to %d bytes", limit, a.cfg.MaxBodyBytes))
+			return
+		}
+		writeJSON(w, http.StatusBadRequest, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "reading the request body: %v", err))
+		return
+	}
+	req, e := ParseRequest(data, a.cfg.MaxBodyBytes)
+	if e != nil {
+		writeJSON(w, e.Status, e)
+		return
+	}
+	res, e := a.create(r.Context(), req, key, r.Header.Get(broker.HeaderTraceparent))
+	if e != nil {
+		if e.Status >= 500 {
+			a.log.Error("app: POST /notifications failed", "code", e.Code, "error", e.Message)
+		}
+		writeJSON(w, e.Status, e)
+		return
+	}
+	if res.replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.Header().Set("Location", "/notifications/"+res.ID)
+	writeJSON(w, http.StatusCreated, res.Created)
+}
+
+type createResult struct {
+	Created
+	replayed bool
+}
+
+var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// create writes the notification row and its outbox event in one
+// transaction. With an idempotency key, a repeat of an earlier request
+// returns the first result and writes nothing; the unique constraint on
+// idempotency_key makes racing repeats write once.
+func (a *App) create(ctx context.Context, req *Request, key, traceparent string) (*createResult, *APIError) {
+	var keyArg, hashArg any
+	var hash []byte
+	if key != "" {
+		hash = req.hash()
+		keyArg, hashArg = key, hash
+	}
+	tx, err := a.pool.Begin(ctx)
+	if err != nil {
+		return nil, a.internal("begin transaction", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+
+	var id int64
+	err = tx.QueryRow(ctx, `
+		INSERT INTO notifications (user_id, channel, to_addr, subject, body, idempotency_key, request_hash)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (idempotency_key) DO NOTHING
+		RETURNING id`,
+		req.UserID, req.Channel, req.To, req.Subject, req.Body, keyArg, hashArg).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The key is taken by a committed row (ON CONFLICT waited for a
+		// concurrent inserter to finish); this statement's fresh snapshot
+		// sees it.
+		var stored []byte
+		err = tx.QueryRow(ctx, `SELECT id, request_hash FROM notifications WHERE idempotency_key = $1`, key).Scan(&id, &stored)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, apiErr(http.StatusConflict, "Idempotency-Key", "idempotency_conflict",
+				"the request with this Idempotency-Key changed concurrently; retry")
+		}
+		if err != nil {
+			return nil, a.internal("look up idempotency key", err)
+		}
+		if !bytes.Equal(stored, hash) {
+			return nil, apiErr(http.StatusUnprocessableEntity, "Idempotency-Key", CodeIdempotencyKeyReused,
+				"this Idempotency-Key was used with a different request")
+		}
+		return &createResult{Created: Created{ID: strconv.FormatInt(id, 10), Status: StatusPending}, replayed: true}, nil
+	}
+	if err != nil {
+		return nil, a.dbErr("insert notification", err)
+	}
+	idS := strconv.FormatInt(id, 10)
+	body, _ := json.Marshal(RequestedEvent{NotificationID: idS, UserID: req.UserID, Channel: req.Channel})
+	ev := outbox.Event{Type: EventNotificationRequested, Key: req.UserID, Body: body}
+	if traceparentRE.MatchString(traceparent) {
+		ev.Headers = map[string]string{broker.HeaderTraceparent: traceparent}
+	}
+	if _, err := outbox.Enqueue(ctx, tx, ev); err != nil {
+		return nil, a.dbErr("enqueue outbox event", err)
+	}
+	if a.cfg.DebugFailAfterOutbox {
+		return nil, apiErr(http.StatusInternalServerError, "", CodeDebugFailure,
+			"failing after the outbox insert as --debug-fail-after-outbox asks; the transaction is rolled back")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, a.dbErr("commit", err)
+	}
+	return &createResult{Created: Created{ID: idS, Status: StatusPending}}, nil
+}
+
+// dbErr maps a database error to an answer: PostgreSQL's data exceptions
+// (class 22, e.g. a character it cannot store) are the client's input
+// (422); anything else is a 500.
+func (a *App) dbErr(what string, err error) *APIError {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && len(pe.Code) == 5 && pe.Code[:2] == "22" {
+		return apiErr(http.StatusUnprocessableEntity, "", CodeInvalidCharacters, "the database refused the value: %s", pe.Message)
+	}
+	return a.internal(what, err)
+}
+
+func (a *App) internal(what string, err error) *APIError {
+	a.log.Error("app: "+what, "error", err)
+	return apiErr(http.StatusInternalServerError, "", CodeInternal, "internal error (%s); nothing was written", what)
+}
+
+func (a *App) handleGet(w http.ResponseWriter, r *http.Request) {
+	n, err := a.Status(r.Context(), r.PathValue("id"))
+	if errors.Is(err, ErrNotFound) {
+		writeJSON(w, http.StatusNotFound, &APIError{Code: CodeNotFound, Field: "id", Message: "no notification with id " + strconv.Quote(clip(r.PathValue("id")))})
+		return
+	}
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, a.internal("get notification", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":"internal error: encoding the answer","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n')) //nolint:errcheck // the client is gone
+}

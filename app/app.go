@@ -1,0 +1,218 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	mail "github.com/wneessen/go-mail"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Names of the event and of the broker objects the service uses.
+const (
+	// EventNotificationRequested is the outbox event type (and routing key)
+	// enqueued for every accepted notification; its body is a
+	// RequestedEvent in JSON.
+	EventNotificationRequested = "notification.requested"
+	// DefaultExchange is Config.Exchange's default.
+	DefaultExchange = "notifications"
+	// DefaultQueue is Config.Queue's default.
+	DefaultQueue = "notifications.send"
+)
+
+// Defaults of Config's zero fields.
+const (
+	// DefaultSMTPAddr is Config.SMTPAddr's default (Mailpit's SMTP port).
+	DefaultSMTPAddr = "127.0.0.1:1025"
+	// DefaultSMTPFrom is Config.SMTPFrom's default.
+	DefaultSMTPFrom = "ferry@localhost"
+	// DefaultSMTPTimeout is Config.SMTPTimeout's default.
+	DefaultSMTPTimeout = 10 * time.Second
+	// DefaultMaxBodyBytes is Config.MaxBodyBytes's default: 64 KiB.
+	DefaultMaxBodyBytes = 64 << 10
+)
+
+// Notification statuses.
+const (
+	// StatusPending: accepted, not yet delivered.
+	StatusPending = "pending"
+	// StatusSent: the SMTP server accepted the mail.
+	StatusSent = "sent"
+	// StatusDead: the last attempt failed; LastError says why.
+	StatusDead = "dead"
+)
+
+// The errors that are part of the API.
+var (
+	// ErrNotFound is returned by Status for an id no notification has
+	// (including ids that are not positive decimal integers).
+	ErrNotFound = errors.New("app: notification not found")
+	// ErrConfig is wrapped by New's errors for an invalid Config.
+	ErrConfig = errors.New("app: invalid config")
+)
+
+// Config configures the notification service. The zero value of every
+// field but Pool means its documented default.
+type Config struct {
+	// Pool is the PostgreSQL pool holding the notifications and outbox
+	// tables (see Migrate and outbox.Migrate). Required.
+	Pool *pgxpool.Pool
+	// SMTPAddr is the SMTP server, host:port. No TLS and no authentication
+	// are used (a local relay such as Mailpit). Defaults to 127.0.0.1:1025.
+	SMTPAddr string
+	// SMTPFrom is the envelope and header sender address. Defaults to
+	// ferry@localhost.
+	SMTPFrom string
+	// SMTPTimeout bounds connecting to the SMTP server and each SMTP
+	// command. Defaults to 10s.
+	SMTPTimeout time.Duration
+	// DebugFailAfterOutbox makes POST /notifications fail with 500 right
+	// after the outbox INSERT, inside the transaction, so neither the
+	// notification nor the outbox row remains. For demonstrating the
+	// transactional outbox only. Defaults to false.
+	DebugFailAfterOutbox bool
+	// Logger receives the service's log lines. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+	// MaxBodyBytes bounds the "body" field, in bytes of UTF-8; a larger body
+	// is refused with 413. The whole HTTP request may be up to
+	// 6*MaxBodyBytes+64 KiB, so a body at the limit fits even when every
+	// character is JSON-escaped. Defaults to 65536 (64 KiB).
+	MaxBodyBytes int
+	// Exchange is the topology's exchange. Defaults to "notifications".
+	Exchange string
+	// Queue is the work queue bound to EventNotificationRequested.
+	// Defaults to "notifications.send".
+	Queue string
+}
+
+func (c Config) withDefaults() Config {
+	if c.SMTPAddr == "" {
+		c.SMTPAddr = DefaultSMTPAddr
+	}
+	if c.SMTPFrom == "" {
+		c.SMTPFrom = DefaultSMTPFrom
+	}
+	if c.SMTPTimeout == 0 {
+		c.SMTPTimeout = DefaultSMTPTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Exchange == "" {
+		c.Exchange = DefaultExchange
+	}
+	if c.Queue == "" {
+		c.Queue = DefaultQueue
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.Pool == nil {
+		return fmt.Errorf("%w: Pool is required", ErrConfig)
+	}
+	host, port, err := net.SplitHostPort(c.SMTPAddr)
+	if err != nil || host == "" {
+		return fmt.Errorf("%w: SMTPAddr %q: want host:port", ErrConfig, c.SMTPAddr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("%w: SMTPAddr %q: port must be 1..65535", ErrConfig, c.SMTPAddr)
+	}
+	if e := checkAddress(c.SMTPFrom); e != nil {
+		return fmt.Errorf("%w: SMTPFrom %q: not a bare email address", ErrConfig, c.SMTPFrom)
+	}
+	if c.SMTPTimeout < 0 {
+		return fmt.Errorf("%w: SMTPTimeout %v: must be positive", ErrConfig, c.SMTPTimeout)
+	}
+	if c.MaxBodyBytes < 0 {
+		return fmt.Errorf("%w: MaxBodyBytes %d: must be positive", ErrConfig, c.MaxBodyBytes)
+	}
+	t := broker.Topology{Exchange: c.Exchange, Queues: []broker.Queue{{Name: c.Queue, Bindings: []string{EventNotificationRequested}}}}
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: Exchange/Queue: %v", ErrConfig, err)
+	}
+	return nil
+}
+
+// App is the notification service: its HTTP API, its event handler and
+// its failure hook. Its methods may be called concurrently.
+type App struct {
+	cfg        Config
+	pool       *pgxpool.Pool
+	log        *slog.Logger
+	mail       *mail.Client
+	fromDomain string
+}
+
+// New checks cfg, applies the defaults and returns the service. It does
+// not connect to anything; call Migrate (and outbox.Migrate) first. Errors
+// wrap ErrConfig and name the field.
+func New(cfg Config) (*App, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	host, portS, _ := net.SplitHostPort(cfg.SMTPAddr)
+	port, _ := strconv.Atoi(portS)
+	mc, err := mail.NewClient(host,
+		mail.WithPort(port),
+		mail.WithTLSPolicy(mail.NoTLS),
+		mail.WithTimeout(cfg.SMTPTimeout),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: SMTP client: %v", ErrConfig, err)
+	}
+	return &App{
+		cfg:        cfg,
+		pool:       cfg.Pool,
+		log:        cfg.Logger,
+		mail:       mc,
+		fromDomain: cfg.SMTPFrom[strings.LastIndexByte(cfg.SMTPFrom, '@')+1:],
+	}, nil
+}
+
+// Topology returns what the service needs declared: exchange Config.Exchange
+// ("notifications") with queue Config.Queue ("notifications.send") bound to
+// EventNotificationRequested, retrying after retryDelays (nil: the broker
+// default, see broker.Queue.RetryDelays).
+func (a *App) Topology(retryDelays []time.Duration) broker.Topology {
+	return broker.Topology{
+		Exchange: a.cfg.Exchange,
+		Queues: []broker.Queue{{
+			Name:        a.cfg.Queue,
+			Bindings:    []string{EventNotificationRequested},
+			RetryDelays: append([]time.Duration(nil), retryDelays...),
+		}},
+	}
+}
+
+// Queue returns the name of the work queue whose messages HandleNotification
+// handles (Config.Queue).
+func (a *App) Queue() string { return a.cfg.Queue }
+
+// Ping reports whether the database answers within ctx (at most 2s when
+// ctx has no deadline).
+func (a *App) Ping(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+	}
+	if err := a.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("app: database: %w", err)
+	}
+	return nil
+}

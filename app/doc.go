@@ -1,0 +1,55 @@
+// Package app is ferry's sample application: a notification service that
+// accepts requests over HTTP, stores each with its event in one PostgreSQL
+// transaction (the transactional outbox), and sends the mail from a worker.
+//
+// It uses only the framework (packages broker, outbox and worker), never a
+// broker adapter: the process that runs it chooses the broker.
+//
+// # Flow
+//
+//	POST /notifications --(one tx)--> notifications row + outbox row (notification.requested)
+//	outbox relay --> broker exchange "notifications" --> queue "notifications.send"
+//	worker --> HandleNotification --> SMTP --> status "sent"
+//	         \-> OnFailure after each failed attempt; the last one makes it "dead"
+//
+// # HTTP API
+//
+// POST /notifications takes {"user_id", "channel", "to", "subject", "body"}:
+// user_id a non-empty string, channel "email" (the only channel built; any
+// other is 422 unsupported_channel), to a bare email address, subject
+// optional without line breaks, body non-empty and at most
+// Config.MaxBodyBytes (64 KiB; more is 413). It answers 201 with
+// {"id": "42", "status": "pending"} and a Location header. Ids are
+// PostgreSQL bigints rendered as decimal strings everywhere (API, event
+// payload, Status), so JavaScript clients never lose precision.
+//
+// Every error answer is JSON, {"error": "...", "field": "to", "code":
+// "invalid_address"}, with one of the Code constants, so rejections can be
+// grouped by code; bad input is 400 (undecodable), 413 (too large) or 422
+// (decodable but invalid) and writes nothing. Bytes PostgreSQL refuses
+// (U+0000, invalid UTF-8) are caught before the database.
+//
+// An Idempotency-Key header makes the request repeatable: the key and a
+// hash of the normalized request are stored with the row under a unique
+// constraint, so a repeat (even a concurrent one) writes nothing and gets
+// the first answer (201, same body, header Idempotent-Replayed: true); the
+// same key with a different request is 422 idempotency_key_reused.
+//
+// GET /notifications/{id} returns a Notification (status pending, sent or
+// dead, attempts, last_error); an unknown id is 404 not_found. GET /healthz
+// answers while the process runs; GET /readyz is 503 while the database
+// does not answer.
+//
+// # Delivery semantics
+//
+// An accepted notification's event is committed with it, so the relay
+// publishes it at least once; a request that fails writes neither.
+// HandleNotification runs in the worker's deduplication transaction and
+// locks the notification row, so concurrent duplicates serialize and the
+// second skips a notification already sent. The mail is sent before the
+// transaction commits: if the commit fails after the SMTP server took the
+// mail, the retry sends it again. Every copy carries the same Message-ID
+// (MessageID) and an X-Ferry-Notification-Id header, so such a duplicate
+// is detectable. Mail is sent one SMTP connection per notification, with
+// no TLS and no authentication (a local relay such as Mailpit).
+package app

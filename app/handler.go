@@ -1,0 +1,161 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	mail "github.com/wneessen/go-mail"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// HeaderNotificationID is the mail header carrying the notification id.
+const HeaderNotificationID = "X-Ferry-Notification-Id"
+
+// The handler and the failure hook have the worker's signatures.
+var (
+	_ worker.Handler     = (*App)(nil).HandleNotification
+	_ worker.FailureFunc = (*App)(nil).OnFailure
+)
+
+// parseEvent decodes an EventNotificationRequested body and returns the
+// notification id.
+func parseEvent(msg *broker.Message) (int64, error) {
+	if msg == nil {
+		return 0, errors.New("app: nil message")
+	}
+	var ev RequestedEvent
+	if err := json.Unmarshal(msg.Body, &ev); err != nil {
+		return 0, fmt.Errorf("app: message %s: payload is not a %s event: %w", msg.ID, EventNotificationRequested, err)
+	}
+	id, err := strconv.ParseInt(ev.NotificationID, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("app: message %s: notification_id %q is not a positive decimal integer", msg.ID, clip(ev.NotificationID))
+	}
+	return id, nil
+}
+
+// HandleNotification is the worker.Handler for EventNotificationRequested,
+// run inside the worker's deduplication transaction tx. It locks the
+// notification row (SELECT ... FOR UPDATE), returns nil at once when the
+// notification is already sent, otherwise sends the mail to the SMTP
+// server and marks the row sent with attempts+1.
+//
+// A payload that does not parse, or names no notification, is
+// worker.Permanent (straight to the DLQ). An SMTP 5xx answer is permanent
+// too; other SMTP and network errors are returned for a retry.
+//
+// Delivery is at least once: if the transaction fails to commit after the
+// SMTP server took the mail, a retry sends it again. Every copy has the
+// same Message-ID (derived from the notification id and creation time) and
+// the X-Ferry-Notification-Id header, so duplicates are detectable.
+func (a *App) HandleNotification(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+	id, err := parseEvent(msg)
+	if err != nil {
+		return worker.Permanent(err)
+	}
+	var to, subject, body, status string
+	var createdAt time.Time
+	err = tx.QueryRow(ctx, `
+		SELECT to_addr, subject, body, status, created_at
+		FROM notifications WHERE id = $1 FOR UPDATE`, id).Scan(&to, &subject, &body, &status, &createdAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return worker.Permanent(fmt.Errorf("%w: id %d (message %s)", ErrNotFound, id, msg.ID))
+	}
+	if err != nil {
+		return fmt.Errorf("app: lock notification %d: %w", id, err)
+	}
+	if status == StatusSent {
+		a.log.Debug("app: notification already sent; skipping", "notification_id", id, "message_id", msg.ID)
+		return nil
+	}
+	if err := a.send(ctx, id, createdAt, to, subject, body); err != nil {
+		var se *mail.SendError
+		if errors.As(err, &se) && se.ErrorCode() >= 500 && se.ErrorCode() < 600 {
+			return worker.Permanent(err)
+		}
+		return err
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE notifications
+		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
+		WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
+	}
+	return nil
+}
+
+// MessageID returns the Message-ID (without angle brackets) of the mail of
+// notification id created at createdAt: the same for every copy sent.
+func (a *App) MessageID(id int64, createdAt time.Time) string {
+	return fmt.Sprintf("notification-%d.%d@%s", id, createdAt.UnixMicro(), a.fromDomain)
+}
+
+// send delivers one mail over a fresh SMTP connection.
+func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subject, body string) error {
+	m := mail.NewMsg()
+	if err := m.From(a.cfg.SMTPFrom); err != nil {
+		return fmt.Errorf("app: notification %d: from %q: %w", id, a.cfg.SMTPFrom, err)
+	}
+	if err := m.To(to); err != nil {
+		return worker.Permanent(fmt.Errorf("app: notification %d: to %q: %w", id, to, err))
+	}
+	m.Subject(subject)
+	m.SetMessageIDWithValue(a.MessageID(id, createdAt))
+	m.SetGenHeader(HeaderNotificationID, strconv.FormatInt(id, 10))
+	m.SetDate()
+	m.SetBodyString(mail.TypeTextPlain, body)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*a.cfg.SMTPTimeout)
+		defer cancel()
+	}
+	if err := a.mail.DialAndSendWithContext(ctx, m); err != nil {
+		return fmt.Errorf("app: notification %d: smtp %s: %w", id, a.cfg.SMTPAddr, err)
+	}
+	return nil
+}
+
+// OnFailure is the worker.Config.OnFailure hook (a worker.FailureFunc):
+// after a failed attempt it adds one to the notification's attempts and
+// records cause as last_error (cut to broker.MaxReasonBytes, NUL removed);
+// when dead is true (the message goes to the DLQ) the notification becomes
+// StatusDead, unless it was already sent. It is idempotent as the worker
+// requires: a repeated call for the same message ID and msg.Attempt counts
+// once. A payload that does not parse names no row, so nothing is updated
+// and nil is returned (the worker dead-letters the message itself).
+func (a *App) OnFailure(ctx context.Context, tx pgx.Tx, msg *broker.Message, cause error, dead bool) error {
+	id, err := parseEvent(msg)
+	if err != nil {
+		a.log.Warn("app: failure of an unparseable message", "error", err)
+		return nil
+	}
+	reason := "unknown error"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	reason = broker.TruncateReason(strings.ReplaceAll(reason, "\x00", ""))
+	var failureKey *string // nil: the attempt is unknown, always count it
+	if msg.Attempt > 0 {
+		k := msg.ID + "/" + strconv.Itoa(msg.Attempt)
+		failureKey = &k
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE notifications
+		SET attempts = attempts + CASE WHEN $4::text IS NULL OR last_failure_key IS DISTINCT FROM $4::text THEN 1 ELSE 0 END,
+		    last_failure_key = $4::text,
+		    last_error = $2,
+		    status = CASE WHEN $3 AND status <> 'sent' THEN 'dead' ELSE status END,
+		    updated_at = now()
+		WHERE id = $1`, id, reason, dead, failureKey); err != nil {
+		return fmt.Errorf("app: record failure of notification %d: %w", id, err)
+	}
+	return nil
+}

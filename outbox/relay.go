@@ -94,9 +94,10 @@ type RelayConfig struct {
 	// broker's or database's availability (not one per batch), and one per
 	// batch with failed rows. Defaults to slog.Default().
 	Logger *slog.Logger
-	// OnBatch, when set, is called after every batch that claimed rows
-	// (and after a batch that failed), from the claim loop's goroutine; it
-	// must be quick. Meant for metrics.
+	// OnBatch, when set, is called after every batch that claimed rows,
+	// and after a batch that failed, from the claim loop's goroutine (so
+	// concurrently when Concurrency > 1); it must be quick. Meant for
+	// metrics.
 	OnBatch func(BatchStats)
 	// AfterPublish, when set, is called after Publish returned and before
 	// the batch's rows are marked. A non-nil error rolls the transaction
@@ -428,7 +429,7 @@ WHERE o.id = f.id`
 func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	start := time.Now()
 	defer func() {
-		if r.cfg.OnBatch != nil && (res.claimed > 0 || res.err != nil) && ctx.Err() == nil {
+		if r.cfg.OnBatch != nil && (res.claimed > 0 || (res.err != nil && ctx.Err() == nil)) {
 			r.cfg.OnBatch(BatchStats{Claimed: res.claimed, Published: res.published, Failed: res.failed,
 				Duration: time.Since(start), Err: res.err})
 		}

@@ -38,7 +38,8 @@ type Created struct {
 
 // Handler returns the HTTP API:
 //
-//	POST /notifications       201 Created; 400/413/422 with an APIError body
+//	POST /notifications       201 Created; 400/413/422 with an APIError body for bad
+//	                          input; 503 unavailable when the database is down
 //	GET  /notifications/{id}  200 Notification; 404 APIError
 //	GET  /healthz             200 {"status":"ok"} while the process runs
 //	GET  /readyz              200 {"status":"ok"}, 503 when the database does not answer
@@ -126,7 +127,8 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 	}
 	tx, err := a.pool.Begin(ctx)
 	if err != nil {
-		return nil, a.internal("begin transaction", err)
+		a.log.Error("app: begin transaction", "error", err)
+		return nil, apiErr(http.StatusServiceUnavailable, "", CodeUnavailable, "the database is unavailable; nothing was written, retry later")
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
 
@@ -144,7 +146,7 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 		var stored []byte
 		err = tx.QueryRow(ctx, `SELECT id, request_hash FROM notifications WHERE idempotency_key = $1`, key).Scan(&id, &stored)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, apiErr(http.StatusConflict, "Idempotency-Key", "idempotency_conflict",
+			return nil, apiErr(http.StatusConflict, "Idempotency-Key", CodeIdempotencyConflict,
 				"the request with this Idempotency-Key changed concurrently; retry")
 		}
 		if err != nil {

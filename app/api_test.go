@@ -265,6 +265,9 @@ func TestGetNotFoundAndProbes(t *testing.T) {
 	b.pool.Close()
 	r = b.do(t, http.MethodGet, "/readyz", nil, nil)
 	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.raw)
+	r = b.post(t, valid(), nil)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.raw)
+	require.Equal(t, app.CodeUnavailable, r.obj["code"])
 	r = b.do(t, http.MethodGet, "/healthz", nil, nil)
 	require.Equal(t, http.StatusOK, r.status)
 }

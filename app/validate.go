@@ -51,10 +51,16 @@ const (
 	// CodeIdempotencyKeyReused (422): the Idempotency-Key was first used with
 	// a different request.
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
+	// CodeIdempotencyConflict (409): the row holding the Idempotency-Key
+	// vanished while the request looked it up; retrying is safe.
+	CodeIdempotencyConflict = "idempotency_conflict"
 	// CodeNotFound (404): no notification has that id.
 	CodeNotFound = "not_found"
 	// CodeInternal (500): a server-side failure; the request wrote nothing.
 	CodeInternal = "internal"
+	// CodeUnavailable (503): the database could not be reached; nothing was
+	// written and the request may be retried.
+	CodeUnavailable = "unavailable"
 	// CodeDebugFailure (500): --debug-fail-after-outbox made the request fail.
 	CodeDebugFailure = "debug_fail_after_outbox"
 )

@@ -138,10 +138,24 @@ func Extract(ctx context.Context, headers map[string]string) context.Context {
 // Middleware wraps an HTTP handler so that every request gets a server span
 // (named "METHOD /route" once the http.ServeMux pattern is known),
 // continuing the caller's traceparent when the request carries one. GET
-// /metrics is not traced. The handler reads the span from r.Context(), so
-// Inject(r.Context(), headers) stores the request's trace context.
+// /metrics is not traced.
+//
+// The wrapped handler sees the server span two ways: in r.Context() (so
+// Inject(r.Context(), headers) stores it), and in the request's own
+// traceparent header, which Middleware rewrites to the server span's
+// (dropping the caller's tracestate), as a tracing proxy in front of the
+// handler would. A handler that copies r.Header.Get("traceparent") into
+// its outbox event therefore stores the API span, and the relay's span
+// becomes its child.
 func Middleware(next http.Handler) http.Handler {
-	return otelhttp.NewHandler(next, "ferry.api",
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if trace.SpanContextFromContext(r.Context()).IsValid() {
+			r.Header.Del("tracestate")
+			propagator.Inject(r.Context(), propagation.HeaderCarrier(r.Header))
+		}
+		next.ServeHTTP(w, r)
+	})
+	return otelhttp.NewHandler(inner, "ferry.api",
 		otelhttp.WithPropagators(propagator),
 		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != "/metrics" }),
 	)

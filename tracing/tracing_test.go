@@ -51,6 +51,7 @@ func apiServer(t *testing.T) (*httptest.Server, <-chan map[string]string) {
 	mux.HandleFunc("POST /notifications", func(w http.ResponseWriter, r *http.Request) {
 		h := map[string]string{"content-type": "application/json"}
 		tracing.Inject(r.Context(), h)
+		h["request-header"] = r.Header.Get(broker.HeaderTraceparent)
 		got <- h
 		w.WriteHeader(http.StatusAccepted)
 	})
@@ -102,6 +103,9 @@ func TestOneTraceFromRequestToHandler(t *testing.T) {
 	post(t, srv.URL+"/notifications", "")
 	stored := <-got
 	require.Regexp(t, `^00-[0-9a-f]{32}-[0-9a-f]{16}-01$`, stored[broker.HeaderTraceparent])
+	require.Equal(t, stored[broker.HeaderTraceparent], stored["request-header"],
+		"the handler's request header carries the API span too")
+	delete(stored, "request-header")
 
 	// The relay publishes the row: a copy of the stored headers.
 	msg := &broker.Message{ID: "42", Type: "notification.requested", Key: "user-1", Body: []byte(`{}`), Headers: stored}
@@ -149,6 +153,7 @@ func TestIncomingTraceparentIsContinued(t *testing.T) {
 	stored := <-got
 	require.True(t, strings.HasPrefix(stored[broker.HeaderTraceparent], "00-4bf92f3577b34da6a3ce929d0e0e4736-"))
 	require.NotEqual(t, caller, stored[broker.HeaderTraceparent], "a new span of the same trace")
+	require.Equal(t, stored[broker.HeaderTraceparent], stored["request-header"], "the caller's header is replaced by the API span's")
 	api := byName(t, exp.GetSpans(), "POST /notifications")
 	require.Equal(t, "00f067aa0ba902b7", api.Parent.SpanID().String())
 }

@@ -1,0 +1,286 @@
+package ferrycli
+
+// Observability of the long-running commands (api, relay, worker, run):
+// Prometheus metrics at GET /metrics, OpenTelemetry tracing with W3C trace
+// context carried API -> outbox -> broker -> worker, and the built-in
+// stuck-outbox alert (relay and run). The stack calls the methods of
+// *observability at its hook points; every method works on a nil
+// *observability (commands without these flags) and then changes nothing.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/alert"
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/metrics"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/tracing"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// Flag names of observability.
+const (
+	flagMetricsAddr         = "metrics-addr"
+	flagOTLPEndpoint        = "otlp-endpoint"
+	flagAlertThreshold      = "alert-threshold"
+	flagAlertFor            = "alert-for"
+	flagAlertInterval       = "alert-interval"
+	flagAlertWebhookURL     = "alert-webhook-url"
+	flagAlertTelegramToken  = "alert-telegram-token"
+	flagAlertTelegramChatID = "alert-telegram-chat-id"
+	flagAlertTelegramAPIURL = "alert-telegram-api-url"
+)
+
+// metricsFlags: --metrics-addr, for every long-running command. api and
+// run also serve GET /metrics on --addr.
+func metricsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagMetricsAddr, EnvVars: env(flagMetricsAddr),
+			Usage: "listen address of a separate HTTP server for GET /metrics (Prometheus), e.g. :9464; api and run also serve GET /metrics on --addr. Empty: no separate server"},
+		&cli.StringFlag{Name: flagOTLPEndpoint, EnvVars: env(flagOTLPEndpoint),
+			Usage: "OTLP/HTTP trace receiver base URL, e.g. http://127.0.0.1:4318 (spans go to /v1/traces). Empty: no export; W3C traceparent is still propagated"},
+	}
+}
+
+// alertFlags: the built-in stuck-outbox alert, for relay and run.
+func alertFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: flagAlertThreshold, Value: alert.DefaultThreshold, EnvVars: env(flagAlertThreshold),
+			Usage: "stuck-outbox alert: fire when more than this many outbox rows are unprocessed for --alert-for"},
+		&cli.DurationFlag{Name: flagAlertFor, Value: alert.DefaultFor, EnvVars: env(flagAlertFor),
+			Usage: "stuck-outbox alert: how long the backlog must stay above --alert-threshold"},
+		&cli.DurationFlag{Name: flagAlertInterval, Value: alert.DefaultInterval, EnvVars: env(flagAlertInterval),
+			Usage: "stuck-outbox alert: how often the backlog is checked"},
+		&cli.StringSliceFlag{Name: flagAlertWebhookURL, EnvVars: env(flagAlertWebhookURL),
+			Usage: "stuck-outbox alert: URL that gets a JSON POST when the alert fires and when it resolves (repeat the flag for several)"},
+		&cli.StringFlag{Name: flagAlertTelegramToken, EnvVars: env(flagAlertTelegramToken),
+			Usage: "stuck-outbox alert: Telegram bot token (sendMessage); prefer the environment variable"},
+		&cli.StringFlag{Name: flagAlertTelegramChatID, EnvVars: env(flagAlertTelegramChatID),
+			Usage: "stuck-outbox alert: Telegram chat ID (numeric or @channel)"},
+		&cli.StringFlag{Name: flagAlertTelegramAPIURL, Value: alert.DefaultTelegramBaseURL, EnvVars: env(flagAlertTelegramAPIURL),
+			Usage: "stuck-outbox alert: Telegram Bot API base URL"},
+	}
+}
+
+// obsSettings are the parsed observability flags.
+type obsSettings struct {
+	metricsAddr    string
+	otlpEndpoint   string
+	alertEnabled   bool
+	alertThreshold int
+	alertFor       time.Duration
+	alertInterval  time.Duration
+	notifiers      []alert.Notifier
+}
+
+// loadObsSettings parses the observability flags of c's command; nil when
+// the command has none.
+func loadObsSettings(c *cli.Context) (*obsSettings, error) {
+	if !hasFlag(c, flagMetricsAddr) {
+		return nil, nil
+	}
+	o := &obsSettings{
+		metricsAddr:  c.String(flagMetricsAddr),
+		otlpEndpoint: c.String(flagOTLPEndpoint),
+	}
+	if o.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {
+			return nil, usagef("--%s %q: want host:port or :port", flagMetricsAddr, o.metricsAddr)
+		}
+	}
+	if !hasFlag(c, flagAlertThreshold) {
+		return o, nil
+	}
+	o.alertEnabled = true
+	o.alertThreshold = c.Int(flagAlertThreshold)
+	o.alertFor = c.Duration(flagAlertFor)
+	o.alertInterval = c.Duration(flagAlertInterval)
+	if o.alertThreshold < 1 {
+		return nil, usagef("--%s %d: must be at least 1", flagAlertThreshold, o.alertThreshold)
+	}
+	if o.alertFor <= 0 {
+		return nil, usagef("--%s %v: must be positive", flagAlertFor, o.alertFor)
+	}
+	if o.alertInterval <= 0 {
+		return nil, usagef("--%s %v: must be positive", flagAlertInterval, o.alertInterval)
+	}
+	ns, err := alert.Targets{
+		WebhookURLs:     c.StringSlice(flagAlertWebhookURL),
+		TelegramToken:   c.String(flagAlertTelegramToken),
+		TelegramChatID:  c.String(flagAlertTelegramChatID),
+		TelegramBaseURL: c.String(flagAlertTelegramAPIURL),
+	}.Notifiers()
+	if err != nil {
+		return nil, usagef("--alert-*: %v", err)
+	}
+	o.notifiers = ns
+	return o, nil
+}
+
+// observability is the metrics registry, the tracer provider and the alert
+// configuration of one command.
+type observability struct {
+	set             *obsSettings
+	log             *slog.Logger
+	broker          string
+	pool            *pgxpool.Pool
+	reg             *prometheus.Registry
+	metrics         *metrics.Metrics
+	tracingShutdown func(context.Context) error
+}
+
+// newObservability creates the registry (Go, process, relay, worker and
+// outbox series labelled with brokerName) and installs tracing. It returns
+// nil for a nil set.
+func newObservability(ctx context.Context, set *obsSettings, brokerName string, pool *pgxpool.Pool, log *slog.Logger) (*observability, error) {
+	if set == nil {
+		return nil, nil
+	}
+	o := &observability{set: set, log: log, broker: brokerName, pool: pool, reg: metrics.NewRegistry()}
+	m, err := metrics.New(o.reg, brokerName)
+	if err != nil {
+		return nil, err
+	}
+	o.metrics = m
+	if err := metrics.RegisterOutbox(o.reg, brokerName, o.outboxStats); err != nil {
+		return nil, err
+	}
+	shutdown, err := tracing.Setup(ctx, tracing.Config{OTLPEndpoint: set.otlpEndpoint, ServiceName: "ferry", Logger: log})
+	if err != nil {
+		if errors.Is(err, tracing.ErrConfig) {
+			return nil, usagef("--%s: %v", flagOTLPEndpoint, err)
+		}
+		return nil, err
+	}
+	o.tracingShutdown = shutdown
+	return o, nil
+}
+
+func (o *observability) outboxStats(ctx context.Context) (int, time.Duration, error) {
+	s, err := outbox.ReadStats(ctx, o.pool)
+	return int(s.Unprocessed), s.OldestUnprocessedAge, err
+}
+
+// close flushes pending spans (at most 5 s).
+func (o *observability) close() {
+	if o == nil || o.tracingShutdown == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := o.tracingShutdown(ctx); err != nil {
+		o.log.Warn("tracing: shutdown", "err", err)
+	}
+}
+
+// apiHandler serves GET /metrics beside h and traces every other request
+// (server span, its traceparent stored with the outbox event).
+func (o *observability) apiHandler(h http.Handler) http.Handler {
+	if o == nil {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler(o.reg))
+	mux.Handle("/", tracing.Middleware(h))
+	return mux
+}
+
+// relayBroker adds a producer span per published message.
+func (o *observability) relayBroker(b broker.Broker) broker.Broker {
+	if o == nil {
+		return b
+	}
+	return tracing.WrapBroker(b)
+}
+
+// onBatch is outbox.RelayConfig.OnBatch (nil without observability).
+func (o *observability) onBatch() func(outbox.BatchStats) {
+	if o == nil {
+		return nil
+	}
+	return func(s outbox.BatchStats) { o.metrics.ObserveBatch(s.Published, s.Failed, s.Duration) }
+}
+
+// workerHandler runs h inside a consumer span continuing the message's
+// trace.
+func (o *observability) workerHandler(h worker.Handler) worker.Handler {
+	if o == nil {
+		return h
+	}
+	return tracing.WrapHandler(h)
+}
+
+// onOutcome is worker.Config.OnOutcome: metrics, then next when set.
+func (o *observability) onOutcome(next func(*broker.Message, worker.Outcome, time.Duration)) func(*broker.Message, worker.Outcome, time.Duration) {
+	if o == nil {
+		return next
+	}
+	return func(msg *broker.Message, out worker.Outcome, d time.Duration) {
+		o.metrics.ObserveOutcome(msg, out.String(), d)
+		if next != nil {
+			next(msg, out, d)
+		}
+	}
+}
+
+// serveMetrics serves GET /metrics on --metrics-addr until ctx is done; it
+// returns nil at once when the flag is empty.
+func (o *observability) serveMetrics(ctx context.Context) error {
+	if o == nil || o.set.metricsAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", o.set.metricsAddr)
+	if err != nil {
+		return fmt.Errorf("ferry: metrics: --%s %s: %w", flagMetricsAddr, o.set.metricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler(o.reg))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(o.log.Handler(), slog.LevelWarn)}
+	o.log.Info("metrics listening", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("ferry: metrics: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+// runAlert runs the stuck-outbox alert until ctx is done (relay and run);
+// it returns nil at once for a command without the alert flags.
+func (o *observability) runAlert(ctx context.Context) error {
+	if o == nil || !o.set.alertEnabled {
+		return nil
+	}
+	a, err := alert.New(alert.Config{
+		Threshold: o.set.alertThreshold,
+		For:       o.set.alertFor,
+		Interval:  o.set.alertInterval,
+		Notifiers: o.set.notifiers,
+		Logger:    o.log.With("component", "alert"),
+		Source:    o.outboxStats,
+		Labels:    map[string]string{"broker": o.broker},
+	})
+	if err != nil {
+		return err
+	}
+	o.log.Info("stuck-outbox alert armed", "threshold", o.set.alertThreshold, "for", o.set.alertFor,
+		"notifiers", len(o.set.notifiers))
+	_ = a.Run(ctx)
+	return nil
+}

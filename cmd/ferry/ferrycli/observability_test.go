@@ -1,0 +1,159 @@
+package ferrycli
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
+)
+
+// parseObs parses args with the observability flags of a relay-like
+// command.
+func parseObs(t *testing.T, args ...string) (*obsSettings, error) {
+	t.Helper()
+	var got *obsSettings
+	var gotErr error
+	a := &cli.App{
+		Name: "ferry", Writer: io.Discard, ErrWriter: io.Discard,
+		ExitErrHandler: func(*cli.Context, error) {},
+		Commands: []*cli.Command{{
+			Name:  "relay",
+			Flags: concat(metricsFlags(), alertFlags()),
+			Action: func(c *cli.Context) error {
+				got, gotErr = loadObsSettings(c)
+				return nil
+			},
+		}},
+	}
+	require.NoError(t, a.Run(append([]string{"ferry", "relay"}, args...)))
+	return got, gotErr
+}
+
+func TestObservabilityFlags(t *testing.T) {
+	s, err := parseObs(t)
+	require.NoError(t, err)
+	require.Equal(t, "", s.metricsAddr)
+	require.True(t, s.alertEnabled)
+	require.Equal(t, 100, s.alertThreshold)
+	require.Equal(t, 5*time.Minute, s.alertFor)
+	require.Empty(t, s.notifiers)
+
+	s, err = parseObs(t, "--metrics-addr", "127.0.0.1:9464", "--alert-threshold", "7", "--alert-for", "1m",
+		"--alert-webhook-url", "http://127.0.0.1:9/a", "--alert-webhook-url", "http://127.0.0.1:9/b",
+		"--alert-telegram-token", "1:x", "--alert-telegram-chat-id", "42")
+	require.NoError(t, err)
+	require.Equal(t, 7, s.alertThreshold)
+	require.Len(t, s.notifiers, 3)
+
+	for _, bad := range [][]string{
+		{"--alert-threshold", "0"},
+		{"--alert-for", "0s"},
+		{"--alert-telegram-token", "1:x"},
+		{"--alert-webhook-url", "not-a-url"},
+		{"--metrics-addr", "9464"},
+	} {
+		_, err := parseObs(t, bad...)
+		require.ErrorIs(t, err, ErrUsage, "%v", bad)
+	}
+}
+
+// TestObservabilityOnRealDatabase: GET /metrics next to the API shows the
+// outbox backlog of a real database, the API request gets a traceparent,
+// and the alert posts to a webhook once the backlog stays above the
+// threshold.
+func TestObservabilityOnRealDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, _ := testenv.NewPool(t)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+
+	var mu sync.Mutex
+	var posts []map[string]any
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		posts = append(posts, body)
+		mu.Unlock()
+	}))
+	defer hook.Close()
+
+	set, err := parseObs(t, "--alert-threshold", "1", "--alert-for", "50ms", "--alert-interval", "20ms",
+		"--alert-webhook-url", hook.URL)
+	require.NoError(t, err)
+	o, err := newObservability(ctx, set, "rabbitmq", pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer o.close()
+
+	var seenTraceparent string
+	api := httptest.NewServer(o.apiHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seenTraceparent = r.Header.Get("traceparent")
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer api.Close()
+	resp, err := http.Post(api.URL+"/notifications", "application/json", strings.NewReader("{}"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Regexp(t, `^00-[0-9a-f]{32}-[0-9a-f]{16}-01$`, seenTraceparent)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Enqueue(ctx, tx,
+		outbox.Event{Type: "a.b", Body: []byte("1")}, outbox.Event{Type: "a.b", Body: []byte("2")})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	resp, err = http.Get(api.URL + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `ferry_outbox_unprocessed_rows{broker="rabbitmq"} 2`)
+	require.Contains(t, string(body), `ferry_worker_messages_total{broker="rabbitmq",outcome="ack"} 0`)
+
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- o.runAlert(actx) }()
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(posts) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET processed_at = now()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(posts) == 2
+	}, 10*time.Second, 10*time.Millisecond)
+	stop()
+	require.NoError(t, <-done)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, "firing", posts[0]["status"])
+	require.Equal(t, 2.0, posts[0]["unprocessed_rows"])
+	require.Equal(t, map[string]any{"broker": "rabbitmq"}, posts[0]["labels"])
+	require.Equal(t, "resolved", posts[1]["status"])
+}
+
+func TestNilObservabilityChangesNothing(t *testing.T) {
+	var o *observability
+	h := http.NotFoundHandler()
+	require.NotNil(t, o.apiHandler(h))
+	require.Nil(t, o.onBatch())
+	require.Nil(t, o.onOutcome(nil))
+	require.NoError(t, o.serveMetrics(context.Background()))
+	require.NoError(t, o.runAlert(context.Background()))
+	o.close()
+}

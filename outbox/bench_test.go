@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -103,4 +104,58 @@ func BenchmarkRawPublish(b *testing.B) {
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 		})
 	}
+}
+
+// BenchmarkRelayLatency measures, at low load (one event at a time), the
+// time from the enqueueing transaction's commit returning to the broker's
+// confirm (confirmed-*) and to the row marked processed (marked-*):
+// LISTEN/NOTIFY wakes the relay, the poll interval is one hour.
+func BenchmarkRelayLatency(b *testing.B) {
+	ctx := testCtx(b)
+	rg := setup(b)
+	batches := make(chan outbox.BatchStats, 16)
+	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, PollInterval: time.Hour, Retention: -1,
+		OnBatch: func(s outbox.BatchStats) { batches <- s }})
+	require.NoError(b, err)
+	rctx, cancel := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(rctx) }()
+	// Warm up: the first event also waits for LISTEN to be set up.
+	enqueue(b, rg.pool, outbox.Event{Type: "test.latency", Body: []byte(benchBody)})
+	<-batches
+	lat := make([]time.Duration, 0, b.N)
+	pub := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		tx, err := rg.pool.Begin(ctx)
+		require.NoError(b, err)
+		_, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "test.latency", Body: []byte(benchBody)})
+		require.NoError(b, err)
+		require.NoError(b, tx.Commit(ctx))
+		committed := time.Now()
+		for published := 0; published < 1; {
+			select {
+			case s := <-batches:
+				published += s.Published
+				if s.Published > 0 {
+					marked := time.Since(committed)
+					lat = append(lat, marked)
+					pub = append(pub, marked-s.MarkDuration)
+				}
+			case <-time.After(time.Minute):
+				b.Fatal("no batch within a minute")
+			}
+		}
+	}
+	b.StopTimer()
+	cancel()
+	require.NoError(b, <-runErr)
+	slices.Sort(lat)
+	slices.Sort(pub)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(pub[len(pub)/2]), "confirmed-p50-ms")
+	b.ReportMetric(ms(pub[len(pub)*99/100]), "confirmed-p99-ms")
+	b.ReportMetric(ms(lat[len(lat)/2]), "marked-p50-ms")
+	b.ReportMetric(ms(lat[len(lat)*99/100]), "marked-p99-ms")
+	b.ReportMetric(0, "ns/op")
 }

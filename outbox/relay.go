@@ -117,6 +117,12 @@ type BatchStats struct {
 	Failed int
 	// Duration is the wall time of the whole batch, claim to commit.
 	Duration time.Duration
+	// PublishDuration is the part of Duration spent in broker.Broker.Publish
+	// waiting for the confirms (0 when nothing was published).
+	PublishDuration time.Duration
+	// MarkDuration is the part of Duration spent marking the rows and
+	// committing, after Publish returned.
+	MarkDuration time.Duration
 	// Err is the batch's error: nil, a *broker.PublishError for rows that
 	// failed, or the broker's or database's error.
 	Err error
@@ -405,6 +411,7 @@ func (r *Relay) ProcessBatch(ctx context.Context) (published int, err error) {
 
 type batchResult struct {
 	claimed, published, failed int
+	publishDur, markDur        time.Duration
 	err                        error
 	outage                     bool // the broker or the database as a whole failed
 	fatal                      bool // the broker is closed
@@ -431,7 +438,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	defer func() {
 		if r.cfg.OnBatch != nil && (res.claimed > 0 || (res.err != nil && ctx.Err() == nil)) {
 			r.cfg.OnBatch(BatchStats{Claimed: res.claimed, Published: res.published, Failed: res.failed,
-				Duration: time.Since(start), Err: res.err})
+				Duration: time.Since(start), PublishDuration: res.publishDur, MarkDuration: res.markDur, Err: res.err})
 		}
 	}()
 	dbErr := func(op string, err error) batchResult {
@@ -499,9 +506,12 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		return res
 	}
 
+	pstart := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	perr := r.cfg.Broker.Publish(pctx, msgs)
 	cancel()
+	mstart := time.Now()
+	res.publishDur = mstart.Sub(pstart)
 	if errors.Is(perr, broker.ErrClosed) {
 		res.err, res.fatal = perr, true
 		return res
@@ -560,6 +570,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	if err := tx.Commit(mctx); err != nil {
 		return batchResult{claimed: len(msgs), err: fmt.Errorf("outbox: relay: commit: %w", err), outage: !shutdown}
 	}
+	res.markDur = time.Since(mstart)
 	res.published = len(okIDs)
 	res.failed = len(failed)
 	if perr != nil {

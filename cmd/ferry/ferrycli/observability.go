@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/broker"
@@ -283,4 +284,38 @@ func (o *observability) runAlert(ctx context.Context) error {
 		"notifiers", len(o.set.notifiers))
 	_ = a.Run(ctx)
 	return nil
+}
+
+// startAlert runs the stuck-outbox alert in the background (before the
+// relay waits for an unreachable broker: that is when the outbox gets
+// stuck) and returns the function that stops it and waits for it.
+func (o *observability) startAlert(ctx context.Context) (stop func()) {
+	if o == nil || !o.set.alertEnabled {
+		return func() {}
+	}
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := o.runAlert(actx); err != nil {
+			o.log.Error("stuck-outbox alert not running", "err", err)
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// withMetrics runs f while serving --metrics-addr; a failure of either
+// stops the other.
+func (o *observability) withMetrics(ctx context.Context, f func(context.Context) error) error {
+	if o == nil || o.set.metricsAddr == "" {
+		return f(ctx)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	mctx, stopMetrics := context.WithCancel(gctx)
+	g.Go(func() error { return o.serveMetrics(mctx) })
+	g.Go(func() error {
+		defer stopMetrics()
+		return f(gctx)
+	})
+	return g.Wait()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -155,5 +156,58 @@ func TestNilObservabilityChangesNothing(t *testing.T) {
 	require.Nil(t, o.onOutcome(nil))
 	require.NoError(t, o.serveMetrics(context.Background()))
 	require.NoError(t, o.runAlert(context.Background()))
+	o.startAlert(context.Background())()
+	ran := false
+	require.NoError(t, o.withMetrics(context.Background(), func(context.Context) error { ran = true; return nil }))
+	require.True(t, ran)
 	o.close()
+}
+
+func TestWithMetricsServesWhileFRuns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, _ := testenv.NewPool(t)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	set, err := parseObs(t, "--metrics-addr", addr)
+	require.NoError(t, err)
+	o, err := newObservability(ctx, set, "nats", pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer o.close()
+
+	var body string
+	err = o.withMetrics(ctx, func(ctx context.Context) error {
+		for {
+			resp, err := http.Get("http://" + addr + "/metrics")
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				body = string(b)
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	require.NoError(t, err)
+	require.Contains(t, body, `ferry_outbox_unprocessed_rows{broker="nats"} 0`)
+	require.Contains(t, body, `ferry_relay_published_total{broker="nats"} 0`)
+	// The server stopped with f.
+	_, err = http.Get("http://" + addr + "/metrics")
+	require.Error(t, err)
+
+	// A taken port is an error, and f is stopped.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	o.set.metricsAddr = busy.Addr().String()
+	err = o.withMetrics(ctx, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	require.ErrorContains(t, err, "--metrics-addr")
 }

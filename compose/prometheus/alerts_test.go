@@ -2,6 +2,7 @@ package prometheus_test
 
 import (
 	"log/slog"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/metrics"
@@ -94,4 +96,26 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 		require.NotEmpty(t, r.Labels["severity"], name)
 		require.NotEmpty(t, r.Annotations["summary"], name)
 	}
+}
+
+// TestScrapeConfigLoadsTheRules: prometheus.yml is YAML that loads
+// alerts.yml and scrapes the ferry job.
+func TestScrapeConfigLoadsTheRules(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("prometheus.yml")
+	require.NoError(t, err)
+	var cfg struct {
+		RuleFiles     []string `yaml:"rule_files"`
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	require.NoError(t, yaml.Unmarshal(data, &cfg))
+	require.Equal(t, []string{"alerts.yml"}, cfg.RuleFiles)
+	require.Len(t, cfg.ScrapeConfigs, 1)
+	require.Equal(t, "ferry", cfg.ScrapeConfigs[0].JobName)
+	require.NotEmpty(t, cfg.ScrapeConfigs[0].StaticConfigs[0].Targets)
 }

@@ -31,12 +31,14 @@ import (
 // Main runs the ferry command with args (args[0] is the program name),
 // writing output to stdout and errors and logs to stderr, and returns the
 // exit code: 0 on success (also after a graceful stop by ctx, e.g. on
-// SIGINT/SIGTERM), 2 for a command-line error, 1 for any other error.
+// SIGINT/SIGTERM), 2 for a command-line error (ErrUsage, an unknown or
+// unavailable --broker, a flag urfave/cli cannot parse), 1 for any other
+// error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := NewApp(stdout, stderr)
 	if err := a.RunContext(ctx, args); err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
-		if errors.Is(err, ErrUsage) || isFlagError(err) {
+		if errors.Is(err, ErrUsage) || errors.Is(err, ErrUnknownBroker) || errors.Is(err, ErrBrokerNotAvailable) || isFlagError(err) {
 			return 2
 		}
 		return 1
@@ -72,8 +74,11 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
 			return usagef("%v", err)
 		},
-		CommandNotFound: func(c *cli.Context, name string) {
-			fmt.Fprintf(c.App.ErrWriter, "ferry: no command %q; run ferry --help\n", name)
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return usagef("no command %q; run ferry --help", c.Args().First())
+			}
+			return cli.ShowAppHelp(c)
 		},
 		Commands: []*cli.Command{
 			migrateCommand(),

@@ -86,5 +86,7 @@ func (p *progress) finish(c demoCounts) {
 		fmt.Fprintf(p.w, "\r%s\x1b[K\n", line)
 		return
 	}
-	fmt.Fprintln(p.w, line)
+	if !p.drawn || c != p.last {
+		fmt.Fprintln(p.w, line)
+	}
 }

@@ -1,0 +1,90 @@
+package ferrycli_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
+)
+
+// run runs the ferry command in-process and returns its exit code, stdout
+// and stderr.
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := ferrycli.Main(ctx, append([]string{"ferry"}, args...), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"unknown broker", []string{"relay", "--broker", "pigeon"}, []string{"unknown broker", `"pigeon"`, "rabbitmq"}},
+		{"kafka not built", []string{"worker", "--broker", "kafka"}, []string{"not available yet", "kafka", "available: "}},
+		{"sqs not built", []string{"dlq", "list", "--broker=sqs"}, []string{"not available yet", "sqs"}},
+		{"retry delay item", []string{"worker", "--retry-delay", "1s,abc"}, []string{"--retry-delay", `item 2 "abc"`}},
+		{"retry delay zero", []string{"worker", "--retry-delay", "0s"}, []string{"--retry-delay", "must be positive"}},
+		{"retention", []string{"relay", "--retention", "7 days"}, []string{"--retention", "7d"}},
+		{"max attempts", []string{"worker", "--max-attempts", "0"}, []string{"--max-attempts 0", "at least 1"}},
+		{"batch size", []string{"relay", "--batch-size", "-3"}, []string{"--batch-size -3"}},
+		{"log format", []string{"migrate", "--log-format", "xml"}, []string{"--log-format", "text or json"}},
+		{"log level", []string{"migrate", "--log-level", "loud"}, []string{"--log-level"}},
+		{"unknown flag", []string{"api", "--no-such-flag"}, []string{"no-such-flag"}},
+		{"not a duration", []string{"relay", "--poll-interval", "soon"}, []string{"poll-interval"}},
+		{"stray argument", []string{"api", "extra"}, []string{`unexpected argument "extra"`}},
+		{"purge without --yes", []string{"dlq", "purge", "--all"}, []string{"add --yes", "every message", "notifications.send"}},
+		{"purge ids without --yes", []string{"dlq", "purge", "--id", "1,2"}, []string{"add --yes", "2 given message(s)"}},
+		{"purge without selection", []string{"dlq", "purge", "--yes"}, []string{"--id ID", "--all"}},
+		{"replay id and all", []string{"dlq", "replay", "--id", "7", "--all"}, []string{"not both"}},
+		{"list format", []string{"dlq", "list", "--format", "xml"}, []string{"--format", "table or json"}},
+		{"demo missing file", []string{"demo", "--file", "/no/such/file.ndjson"}, []string{"--file", "no such file"}},
+		{"demo clients", []string{"demo", "--clients", "0"}, []string{"--clients 0"}},
+		{"unknown command", []string{"fly"}, []string{`no command "fly"`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := run(t, tc.args...)
+			require.Equal(t, 2, code, "stderr: %s", errOut)
+			for _, w := range tc.want {
+				require.Contains(t, errOut, w)
+			}
+			require.NotContains(t, errOut, "panic")
+		})
+	}
+}
+
+func TestBrokerFromEnv(t *testing.T) {
+	t.Setenv("FERRY_BROKER", "kafka")
+	code, _, errOut := run(t, "relay")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--broker kafka: its adapter is not built yet")
+}
+
+func TestBrokersMap(t *testing.T) {
+	require.Contains(t, ferrycli.BrokerNames(), "rabbitmq")
+	_, err := ferrycli.OpenBroker(context.Background(), "kafka", ferrycli.BrokerOptions{})
+	require.ErrorIs(t, err, ferrycli.ErrBrokerNotAvailable)
+	_, err = ferrycli.OpenBroker(context.Background(), "", ferrycli.BrokerOptions{})
+	require.ErrorIs(t, err, ferrycli.ErrUnknownBroker)
+}
+
+func TestHelp(t *testing.T) {
+	code, out, _ := run(t, "--help")
+	require.Equal(t, 0, code)
+	for _, c := range []string{"migrate", "api", "relay", "worker", "run", "demo", "dlq", "outbox"} {
+		require.Contains(t, out, c)
+	}
+	code, out, _ = run(t, "demo", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "FERRY_DATABASE_URL")
+	require.Contains(t, out, "embedded")
+}

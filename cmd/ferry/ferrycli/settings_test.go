@@ -1,0 +1,48 @@
+package ferrycli
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseRetryDelays(t *testing.T) {
+	d, err := parseRetryDelays("30s")
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{30 * time.Second}, d)
+	d, err = parseRetryDelays("1s, 10s,1m")
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{time.Second, 10 * time.Second, time.Minute}, d)
+	for _, bad := range []string{"", "1s,", "x", "-1s", "1s,,2s"} {
+		_, err := parseRetryDelays(bad)
+		require.ErrorIs(t, err, ErrUsage, bad)
+	}
+}
+
+func TestParseRetention(t *testing.T) {
+	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "72h": 72 * time.Hour, "-1s": -time.Second, "0d": 0} {
+		got, err := parseRetention(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "d", "1w", "7 d"} {
+		_, err := parseRetention(bad)
+		require.ErrorIs(t, err, ErrUsage, bad)
+	}
+}
+
+func TestProgressLine(t *testing.T) {
+	p := &progress{width: 10, start: time.Now()}
+	l := p.line(demoCounts{lines: 10, posted: 10, accepted: 8, rejected: 2, sent: 4, dead: 0}, p.start.Add(time.Second))
+	require.Contains(t, l, " 50%")
+	require.Contains(t, l, "accepted 8  rejected 2  sent 4  dead 0")
+	require.Contains(t, l, "█████░░░░░")
+}
+
+func TestReadLines(t *testing.T) {
+	lines, name, err := readLines("")
+	require.NoError(t, err)
+	require.Equal(t, "built-in sample", name)
+	require.Len(t, lines, 55)
+}

@@ -1,0 +1,65 @@
+package e2e
+
+import (
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// summaryCount reads "  <label>   <n>" from the demo's summary.
+func summaryCount(t *testing.T, out, label string) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(label) + `\s+(\d+)`).FindStringSubmatch(out)
+	require.NotNil(t, m, "no %q line in the summary:\n%s", label, out)
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	return n
+}
+
+// TestDemoEmbedded runs `ferry demo` with no flags and no FERRY_*
+// variables: embedded PostgreSQL (downloaded once), embedded NATS and the
+// built-in SMTP sink; it must reach its summary and exit 0.
+func TestDemoEmbedded(t *testing.T) {
+	unsetFerryEnv(t)
+	dir := t.TempDir()
+	start := time.Now()
+	code, out, errOut := ferry(t, "demo", "--data-dir", dir)
+	t.Logf("ferry demo took %v:\n%s", time.Since(start), out)
+	require.Equal(t, 0, code, "stderr:\n%s", errOut)
+	require.Equal(t, 50, summaryCount(t, out, "accepted"))
+	require.Equal(t, 5, summaryCount(t, out, "rejected"))
+	require.Equal(t, 50, summaryCount(t, out, "sent"))
+	require.Equal(t, 0, summaryCount(t, out, "dead"))
+	require.Contains(t, out, "embedded PostgreSQL")
+	require.Contains(t, out, "embedded NATS JetStream")
+	require.Contains(t, out, "built-in SMTP sink")
+	require.Contains(t, out, "50 message(s)")
+	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	mails, err := filepath.Glob(filepath.Join(dir, "mail", "*.eml"))
+	require.NoError(t, err)
+	require.Len(t, mails, 50, "the sink keeps each mail under --data-dir")
+}
+
+// TestDemoRabbitMQFile runs the demo on the shared 1,000-line sample with
+// the real PostgreSQL, RabbitMQ and Mailpit: 968 accepted, 32 rejected,
+// every accepted one final, exit 0.
+func TestDemoRabbitMQFile(t *testing.T) {
+	file := filepath.Join(testenv.RepoRoot(), "..", "shared", "data", "notifications-1000.ndjson")
+	args := []string{"demo", "--broker=rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+		"--database-url", testenv.NewDatabase(t), "--smtp-addr", testenv.SMTPAddr(),
+		"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q"),
+		"--file", file}
+	code, out, errOut := ferry(t, args...)
+	t.Logf("%s", out)
+	require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
+	require.Equal(t, 968, summaryCount(t, out, "accepted"))
+	require.Equal(t, 32, summaryCount(t, out, "rejected"))
+	require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
+	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+}

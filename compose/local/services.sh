@@ -1,0 +1,660 @@
+#!/usr/bin/env bash
+# services.sh - run the servers ferry's CLI and tests talk to, on loopback,
+# without Docker: PostgreSQL, RabbitMQ (+ management), Mailpit (SMTP + HTTP
+# API) and nats-server with JetStream.
+#
+#   compose/local/services.sh up     [NAME...]  install what is missing, start, provision
+#   compose/local/services.sh down   [NAME...]  stop and forget the chosen ports
+#   compose/local/services.sh stop   [NAME...]  stop, keep data and ports (outage tests)
+#   compose/local/services.sh start  [NAME...]  start again (same ports), wait until ready
+#   compose/local/services.sh restart [NAME...]
+#   compose/local/services.sh status [NAME...]  what runs where
+#   compose/local/services.sh env    [NAME...]  export FERRY_...=... lines for eval
+#   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
+#
+# NAME is one of: postgres rabbitmq smtp nats (none = all).
+#
+# State (data, logs, pid files, chosen ports) lives in compose/local/.state/
+# (git-ignored; override with FERRY_STATE_DIR). Delete it after `down` to
+# start from scratch. Every command is idempotent. When a default port is
+# taken by a program that is not ours, another free port is chosen and
+# `env` reports it.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STATE=${FERRY_STATE_DIR:-$HERE/.state}
+ALL=(postgres rabbitmq smtp nats)
+
+NATS_MODULE=github.com/nats-io/nats-server/v2
+NATS_VERSION=v2.15.2
+MAILPIT_MODULE=github.com/axllent/mailpit
+MAILPIT_VERSION=v1.33.1
+
+# Default ports: the CLI's defaults.
+DEF_PG=5432
+DEF_AMQP=5672
+DEF_RMQ_HTTP=15672
+DEF_RMQ_DIST=25672
+DEF_SMTP=1025
+DEF_SMTP_HTTP=8025
+DEF_NATS=4222
+DEF_NATS_HTTP=8222
+
+RMQ_NODE=${FERRY_RABBITMQ_NODENAME:-ferry@localhost}
+RMQ_BIN=/usr/lib/rabbitmq/bin
+START_TIMEOUT=${FERRY_SERVICES_TIMEOUT:-180} # seconds to wait for a server to be ready
+
+export HOME=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
+export LC_ALL=C.UTF-8 LANG=C.UTF-8 2>/dev/null || true
+
+say() { printf 'services: %s\n' "$*" >&2; }
+die() {
+	printf 'services: error: %s\n' "$*" >&2
+	exit 1
+}
+is_root() { [ "$(id -u)" = 0 ]; }
+
+usage() {
+	sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+}
+
+# ---------------------------------------------------------------- ports
+
+# port_listening PORT: true if any socket LISTENs on PORT (any address).
+port_listening() {
+	local hex files=()
+	hex=$(printf '%04X' "$1")
+	for f in /proc/net/tcp /proc/net/tcp6; do [ -r "$f" ] && files+=("$f"); done
+	if [ ${#files[@]} -gt 0 ]; then
+		awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' "${files[@]}"
+		return
+	fi
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# tcp_ok PORT: true if 127.0.0.1:PORT accepts a connection.
+tcp_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# http_status PORT PATH [BASIC_AUTH_B64]: prints the HTTP status code of GET.
+http_status() {
+	(
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		auth=""
+		[ -n "${3:-}" ] && auth="Authorization: Basic $3"$'\r\n'
+		printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1:%s\r\n%sConnection: close\r\n\r\n' "$2" "$1" "$auth" >&3
+		IFS=' ' read -r -t 10 _ code _ <&3 || exit 1
+		printf '%s\n' "$code"
+	) 2>/dev/null
+}
+
+saved_port() { cat "$STATE/ports/$1" 2>/dev/null || true; }
+
+# choose_port KEY DEFAULT: the saved port of KEY if free, else DEFAULT if
+# free, else the next free one; saved under $STATE/ports/KEY.
+choose_port() {
+	local key=$1 def=$2 p saved others
+	mkdir -p "$STATE/ports"
+	saved=$(saved_port "$key")
+	others=$(for f in "$STATE"/ports/*; do [ -f "$f" ] && [ "$(basename "$f")" != "$key" ] && cat "$f"; done 2>/dev/null || true)
+	for p in $saved $def $(seq $((def + 1)) $((def + 200))); do
+		if grep -qx "$p" <<<"$others"; then continue; fi
+		if ! port_listening "$p"; then
+			[ "$p" != "$def" ] && say "$key: port $def is taken by another program; using $p"
+			echo "$p" >"$STATE/ports/$key"
+			echo "$p"
+			return 0
+		fi
+	done
+	die "$key: no free port near $def"
+}
+
+# ------------------------------------------------------------ processes
+
+pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+pidfile_pid() { head -n1 "$1" 2>/dev/null | tr -dc 0-9 || true; }
+
+# spawn NAME PIDFILE LOG CMD...: start CMD detached (own session, stdin
+# from /dev/null, output to LOG) and record its pid. It never holds the
+# caller's stdout, so `go test` calling us does not hang.
+spawn() {
+	local pidfile=$2 log=$3
+	shift 3
+	rm -f "$pidfile"
+	setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
+	for _ in $(seq 50); do [ -s "$pidfile" ] && return 0; sleep 0.1; done
+	die "could not start $*"
+}
+
+# stop_pid NAME PID: SIGTERM, wait (graceful), SIGKILL after 60 s.
+stop_pid() {
+	local name=$1 pid=$2 i
+	pid_alive "$pid" || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	for i in $(seq 600); do
+		pid_alive "$pid" || return 0
+		sleep 0.1
+	done
+	say "$name: did not stop in 60 s; killing pid $pid"
+	kill -KILL "$pid" 2>/dev/null || true
+	sleep 0.5
+}
+
+fail_start() {
+	local name=$1 log=$2
+	shift 2
+	printf 'services: error: %s: %s\n' "$name" "$*" >&2
+	if [ -f "$log" ]; then
+		printf 'services: last lines of %s:\n' "$log" >&2
+		tail -n 30 "$log" | sed 's/^/    /' >&2
+	fi
+	exit 1
+}
+
+# ------------------------------------------------------------ installing
+
+APT_UPDATED=""
+apt_install() {
+	local sudo=""
+	if ! is_root; then
+		command -v sudo >/dev/null || die "need root (or sudo) to install: $*"
+		sudo=sudo
+	fi
+	command -v apt-get >/dev/null || die "apt-get not found; install these yourself: $*"
+	say "installing Debian packages: $*"
+	# Keep the packages' init scripts from starting the system-wide
+	# servers: we run our own on loopback.
+	local policy=/usr/sbin/policy-rc.d added=""
+	if [ ! -e "$policy" ]; then
+		printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+		$sudo chmod 755 "$policy"
+		added=1
+	fi
+	local rc=0
+	{
+		if [ -z "$APT_UPDATED" ]; then
+			$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && APT_UPDATED=1
+		fi &&
+			$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+	} </dev/null >&2 || rc=$?
+	[ -n "$added" ] && $sudo rm -f "$policy"
+	[ "$rc" = 0 ] || die "apt-get install $* failed (exit $rc)"
+}
+
+pg_bindir() {
+	local d
+	for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+		[ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && { echo "$d"; return 0; }
+	done
+	return 1
+}
+
+# ensure_packages NAME...: one apt-get run for everything missing.
+ensure_packages() {
+	local pkgs=() n
+	for n in "$@"; do
+		case $n in
+		postgres) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
+		rabbitmq) [ -x "$RMQ_BIN/rabbitmq-server" ] || pkgs+=(rabbitmq-server) ;;
+		esac
+	done
+	[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+}
+
+go_cmd() {
+	if command -v go >/dev/null; then
+		command -v go
+	elif [ -x /usr/local/go/bin/go ]; then
+		echo /usr/local/go/bin/go
+	else
+		return 1
+	fi
+}
+
+# go_tool NAME MODULE VERSION: path of NAME built from MODULE@VERSION with
+# `go install`, kept per version outside the work tree (shared by clones)
+# and linked into $STATE/bin.
+go_tool() {
+	local name=$1 module=$2 version=$3 go gopath dir bin
+	go=$(go_cmd) || die "$name: Go is needed to install $module@$version"
+	gopath=$("$go" env GOPATH)
+	dir="${gopath%%:*}/ferry-tools/$name@$version"
+	bin="$dir/$name"
+	if [ ! -x "$bin" ]; then
+		say "$name: go install $module@$version (first time only)"
+		mkdir -p "$dir"
+		(cd / && GOBIN="$dir" GOFLAGS=-buildvcs=false "$go" install "$module@$version") </dev/null >&2 ||
+			die "$name: go install $module@$version failed"
+		[ -x "$bin" ] || die "$name: go install did not produce $bin"
+	fi
+	mkdir -p "$STATE/bin"
+	ln -sfn "$bin" "$STATE/bin/$name"
+	echo "$bin"
+}
+
+# ------------------------------------------------------------ postgres
+
+PG_OWNER=""
+PG_ERR=""
+
+# as_pg CMD...: run CMD as the cluster's owner, from /.
+as_pg() {
+	if is_root; then
+		(cd / && runuser -u "$PG_OWNER" -- "$@")
+	else
+		(cd / && "$@")
+	fi
+}
+
+# pg_home: the private cluster's folder. $STATE/postgres when the postgres
+# user can reach it, else a folder under its home (with a link in $STATE).
+pg_home() {
+	if ! is_root || as_pg test -x "$STATE" 2>/dev/null; then
+		echo "$STATE/postgres"
+		return
+	fi
+	local h
+	h=$(getent passwd postgres | cut -d: -f6)
+	echo "$h/ferry-$(printf '%s' "$STATE" | cksum | cut -d' ' -f1)"
+}
+
+# pg_vars: sets PGBIN PG_OWNER PGHOME PGDATA_DIR PGLOG PGSOCK; returns 1
+# with PG_ERR set when PostgreSQL is not installed.
+pg_vars() {
+	PGBIN=$(pg_bindir) || { PG_ERR="PostgreSQL is not installed (run: $0 up postgres)"; return 1; }
+	if is_root; then
+		id postgres >/dev/null 2>&1 || { PG_ERR="the 'postgres' system user is missing (reinstall the postgresql package)"; return 1; }
+		PG_OWNER=postgres
+	else
+		PG_OWNER=$(id -un)
+	fi
+	PGHOME=$(pg_home)
+	PGDATA_DIR=$PGHOME/data
+	PGLOG=$PGHOME/postgres.log
+	if [ ${#PGHOME} -lt 80 ]; then PGSOCK=$PGHOME/run; else PGSOCK=/tmp; fi
+}
+
+pg_pid() {
+	local pid
+	pid=$(pidfile_pid "$PGDATA_DIR/postmaster.pid")
+	pid_alive "$pid" && grep -qa postgres "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+pg_port() { sed -n 4p "$PGDATA_DIR/postmaster.pid" 2>/dev/null || saved_port postgres; }
+
+pg_init() {
+	[ -f "$PGDATA_DIR/PG_VERSION" ] && return 0
+	say "postgres: creating a cluster in $PGDATA_DIR"
+	mkdir -p "$PGHOME" "$STATE"
+	is_root && chown "$PG_OWNER" "$PGHOME"
+	as_pg mkdir -p "$PGSOCK"
+	as_pg "$PGBIN/initdb" -D "$PGDATA_DIR" -U postgres -E UTF8 --locale=C \
+		--auth-local=peer --auth-host=scram-sha-256 >>"$STATE/postgres-init.log" 2>&1 ||
+		fail_start postgres "$STATE/postgres-init.log" "initdb failed"
+	as_pg tee -a "$PGDATA_DIR/postgresql.conf" >/dev/null <<EOF
+
+# ferry (compose/local/services.sh): loopback only; tests and benchmarks
+# open many connections.
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$PGSOCK'
+max_connections = 300
+shared_buffers = 256MB
+work_mem = 8MB
+EOF
+	if [ "$PGHOME" != "$STATE/postgres" ]; then ln -sfn "$PGHOME" "$STATE/postgres"; fi
+}
+
+psql_admin() {
+	as_pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PGSOCK" -p "$(pg_port)" -U postgres -d postgres "$@"
+}
+
+start_postgres() {
+	pg_vars || die "postgres: $PG_ERR"
+	if [ -n "$(pg_pid)" ]; then
+		say "postgres: already running on 127.0.0.1:$(pg_port)"
+	else
+		pg_init
+		local port
+		port=$(choose_port postgres $DEF_PG)
+		as_pg mkdir -p "$PGSOCK"
+		as_pg touch "$PGLOG"
+		ln -sfn "$PGLOG" "$STATE/postgres.log"
+		say "postgres: starting on 127.0.0.1:$port"
+		as_pg "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "-p $port" start </dev/null >/dev/null 2>&1 9>&- ||
+			fail_start postgres "$PGLOG" "pg_ctl start failed"
+	fi
+	# Provision: role ferry/ferry (may create databases: tests do) and
+	# database ferry. Idempotent.
+	psql_admin -c "DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ferry') THEN
+    CREATE ROLE ferry LOGIN CREATEDB PASSWORD 'ferry';
+  ELSE
+    ALTER ROLE ferry LOGIN CREATEDB PASSWORD 'ferry';
+  END IF;
+END \$\$;" || die "postgres: could not create role ferry"
+	if [ "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = 'ferry'")" != 1 ]; then
+		psql_admin -c "CREATE DATABASE ferry OWNER ferry" || die "postgres: could not create database ferry"
+	fi
+}
+
+stop_postgres() {
+	pg_vars || return 0
+	[ -n "$(pg_pid)" ] || return 0
+	say "postgres: stopping"
+	as_pg "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -m fast -w -t 60 stop >/dev/null 2>&1 || {
+		local pid
+		pid=$(pg_pid)
+		[ -z "$pid" ] || stop_pid postgres "$pid"
+	}
+}
+
+status_postgres() {
+	pg_vars || { echo "not installed"; return; }
+	local pid
+	pid=$(pg_pid)
+	if [ -n "$pid" ]; then
+		echo "running  pid $pid  127.0.0.1:$(pg_port)  data $PGDATA_DIR"
+	else
+		echo "stopped"
+	fi
+}
+
+env_postgres() { echo "export FERRY_DATABASE_URL=postgres://ferry:ferry@127.0.0.1:$(pg_port)/ferry"; }
+
+# ------------------------------------------------------------ rabbitmq
+
+RMQ_DIR=$STATE/rabbitmq
+RMQ_PIDFILE=$RMQ_DIR/rabbit.pid
+RMQ_LOG=$STATE/rabbitmq.log
+RMQ_AUTH=Z3Vlc3Q6Z3Vlc3Q= # guest:guest
+
+rmq_env() {
+	export RABBITMQ_NODENAME=$RMQ_NODE
+	export RABBITMQ_USE_LONGNAME=false
+	export RABBITMQ_CONF_ENV_FILE=$RMQ_DIR/rabbitmq-env.conf
+	export RABBITMQ_CONFIG_FILE=$RMQ_DIR/rabbitmq.conf
+	export RABBITMQ_ADVANCED_CONFIG_FILE=$RMQ_DIR/advanced.config
+	export RABBITMQ_ENABLED_PLUGINS_FILE=$RMQ_DIR/enabled_plugins
+	export RABBITMQ_MNESIA_BASE=$RMQ_DIR/mnesia
+	export RABBITMQ_LOG_BASE=$RMQ_DIR/log
+	export RABBITMQ_LOGS=$RMQ_LOG
+	export RABBITMQ_PID_FILE=$RMQ_PIDFILE
+}
+
+rmq_pid() {
+	local pid
+	pid=$(pidfile_pid "$RMQ_PIDFILE")
+	pid_alive "$pid" && grep -qa beam "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+rmq_ready() {
+	tcp_ok "$(saved_port rabbitmq)" &&
+		[ "$(http_status "$(saved_port rabbitmq-management)" /api/overview "$RMQ_AUTH")" = 200 ]
+}
+
+start_rabbitmq() {
+	[ -x "$RMQ_BIN/rabbitmq-server" ] || die "rabbitmq: RabbitMQ is not installed (run: $0 up rabbitmq)"
+	if [ -n "$(rmq_pid)" ]; then
+		if rmq_ready; then
+			say "rabbitmq: already running on 127.0.0.1:$(saved_port rabbitmq)"
+			return 0
+		fi
+	else
+		local amqp http dist
+		amqp=$(choose_port rabbitmq $DEF_AMQP)
+		http=$(choose_port rabbitmq-management $DEF_RMQ_HTTP)
+		dist=$(choose_port rabbitmq-dist $DEF_RMQ_DIST)
+		mkdir -p "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
+		: >"$RMQ_DIR/rabbitmq-env.conf"
+		echo '[rabbitmq_management].' >"$RMQ_DIR/enabled_plugins"
+		cat >"$RMQ_DIR/rabbitmq.conf" <<EOF
+# written by compose/local/services.sh on each start
+listeners.tcp.1 = 127.0.0.1:$amqp
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $http
+EOF
+		rmq_env
+		export RABBITMQ_DIST_PORT=$dist
+		export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+		# epmd first, detached, so no CLI call leaves it holding our stdout.
+		command -v epmd >/dev/null && epmd -daemon </dev/null >/dev/null 2>&1 9>&- || true
+		say "rabbitmq: starting node $RMQ_NODE on 127.0.0.1:$amqp (management :$http)"
+		spawn rabbitmq "$RMQ_DIR/wrapper.pid" "$STATE/rabbitmq.out" "$RMQ_BIN/rabbitmq-server"
+	fi
+	local i
+	for i in $(seq $((START_TIMEOUT * 4))); do
+		rmq_ready && { say "rabbitmq: ready"; return 0; }
+		if [ "$i" -gt 40 ] && [ -z "$(rmq_pid)" ] && ! pid_alive "$(pidfile_pid "$RMQ_DIR/wrapper.pid")"; then
+			cat "$STATE/rabbitmq.out" >>"$RMQ_LOG" 2>/dev/null || true
+			fail_start rabbitmq "$RMQ_LOG" "the node exited during start (see also $STATE/rabbitmq.out)"
+		fi
+		sleep 0.25
+	done
+	fail_start rabbitmq "$RMQ_LOG" "not ready after ${START_TIMEOUT}s"
+}
+
+stop_rabbitmq() {
+	local pid
+	pid=$(rmq_pid)
+	[ -n "$pid" ] || return 0
+	say "rabbitmq: stopping"
+	stop_pid rabbitmq "$pid"
+	stop_pid rabbitmq "$(pidfile_pid "$RMQ_DIR/wrapper.pid")"
+}
+
+status_rabbitmq() {
+	local pid
+	pid=$(rmq_pid)
+	if [ -n "$pid" ]; then
+		local r=starting
+		rmq_ready && r=running
+		echo "$r  pid $pid  amqp 127.0.0.1:$(saved_port rabbitmq)  management http://127.0.0.1:$(saved_port rabbitmq-management)  node $RMQ_NODE"
+	else
+		echo "stopped"
+	fi
+}
+
+env_rabbitmq() {
+	echo "export FERRY_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$(saved_port rabbitmq)/"
+	echo "export FERRY_RABBITMQ_MANAGEMENT_URL=http://guest:guest@127.0.0.1:$(saved_port rabbitmq-management)"
+}
+
+# ------------------------------------------------------------ smtp (Mailpit)
+
+SMTP_PIDFILE=$STATE/smtp.pid
+
+smtp_pid() {
+	local pid
+	pid=$(pidfile_pid "$SMTP_PIDFILE")
+	pid_alive "$pid" && grep -qa mailpit "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+smtp_ready() { tcp_ok "$(saved_port smtp)" && [ "$(http_status "$(saved_port smtp-http)" /readyz)" = 200 ]; }
+
+start_smtp() {
+	local bin
+	bin=$(go_tool mailpit "$MAILPIT_MODULE" "$MAILPIT_VERSION")
+	if [ -n "$(smtp_pid)" ]; then
+		if smtp_ready; then
+			say "smtp: already running on 127.0.0.1:$(saved_port smtp)"
+			return 0
+		fi
+	else
+		local smtp http
+		smtp=$(choose_port smtp $DEF_SMTP)
+		http=$(choose_port smtp-http $DEF_SMTP_HTTP)
+		mkdir -p "$STATE/mailpit"
+		say "smtp: starting Mailpit, SMTP 127.0.0.1:$smtp, HTTP http://127.0.0.1:$http"
+		spawn smtp "$SMTP_PIDFILE" "$STATE/smtp.log" "$bin" \
+			--smtp "127.0.0.1:$smtp" --listen "127.0.0.1:$http" \
+			--database "$STATE/mailpit/mailpit.db" --max 100000 \
+			--smtp-auth-accept-any --smtp-auth-allow-insecure \
+			--smtp-disable-rdns --disable-version-check
+	fi
+	local i
+	for i in $(seq $((START_TIMEOUT * 4))); do
+		smtp_ready && { say "smtp: ready"; return 0; }
+		[ -n "$(smtp_pid)" ] || fail_start smtp "$STATE/smtp.log" "Mailpit exited during start"
+		sleep 0.25
+	done
+	fail_start smtp "$STATE/smtp.log" "not ready after ${START_TIMEOUT}s"
+}
+
+stop_smtp() {
+	local pid
+	pid=$(smtp_pid)
+	[ -n "$pid" ] || return 0
+	say "smtp: stopping"
+	stop_pid smtp "$pid"
+}
+
+status_smtp() {
+	local pid
+	pid=$(smtp_pid)
+	if [ -n "$pid" ]; then
+		echo "running  pid $pid  smtp 127.0.0.1:$(saved_port smtp)  http http://127.0.0.1:$(saved_port smtp-http)  (Mailpit)"
+	else
+		echo "stopped"
+	fi
+}
+
+env_smtp() {
+	echo "export FERRY_SMTP_ADDR=127.0.0.1:$(saved_port smtp)"
+	echo "export FERRY_MAILPIT_URL=http://127.0.0.1:$(saved_port smtp-http)"
+}
+
+# ------------------------------------------------------------ nats
+
+NATS_PIDFILE=$STATE/nats.pid
+
+nats_pid() {
+	local pid
+	pid=$(pidfile_pid "$NATS_PIDFILE")
+	pid_alive "$pid" && grep -qa nats-server "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+nats_ready() { tcp_ok "$(saved_port nats)" && [ "$(http_status "$(saved_port nats-monitor)" /healthz)" = 200 ]; }
+
+start_nats() {
+	local bin
+	bin=$(go_tool nats-server "$NATS_MODULE" "$NATS_VERSION")
+	if [ -n "$(nats_pid)" ]; then
+		if nats_ready; then
+			say "nats: already running on 127.0.0.1:$(saved_port nats)"
+			return 0
+		fi
+	else
+		local port mon
+		port=$(choose_port nats $DEF_NATS)
+		mon=$(choose_port nats-monitor $DEF_NATS_HTTP)
+		mkdir -p "$STATE/nats"
+		say "nats: starting nats-server (JetStream) on 127.0.0.1:$port (monitor :$mon)"
+		spawn nats "$NATS_PIDFILE" "$STATE/nats.log" "$bin" \
+			-n ferry -js -sd "$STATE/nats" -a 127.0.0.1 -p "$port" -m "$mon"
+	fi
+	local i
+	for i in $(seq $((START_TIMEOUT * 4))); do
+		nats_ready && { say "nats: ready"; return 0; }
+		[ -n "$(nats_pid)" ] || fail_start nats "$STATE/nats.log" "nats-server exited during start"
+		sleep 0.25
+	done
+	fail_start nats "$STATE/nats.log" "not ready after ${START_TIMEOUT}s"
+}
+
+stop_nats() {
+	local pid
+	pid=$(nats_pid)
+	[ -n "$pid" ] || return 0
+	say "nats: stopping"
+	stop_pid nats "$pid"
+}
+
+status_nats() {
+	local pid
+	pid=$(nats_pid)
+	if [ -n "$pid" ]; then
+		echo "running  pid $pid  127.0.0.1:$(saved_port nats)  monitor http://127.0.0.1:$(saved_port nats-monitor)  store $STATE/nats"
+	else
+		echo "stopped"
+	fi
+}
+
+env_nats() { echo "export FERRY_NATS_URL=nats://127.0.0.1:$(saved_port nats)"; }
+
+# ------------------------------------------------------------ main
+
+running() { # NAME: true if the server's process is alive
+	case $1 in
+	postgres) pg_vars && [ -n "$(pg_pid)" ] ;;
+	rabbitmq) [ -n "$(rmq_pid)" ] ;;
+	smtp) [ -n "$(smtp_pid)" ] ;;
+	nats) [ -n "$(nats_pid)" ] ;;
+	esac
+}
+
+lock() {
+	mkdir -p "$STATE"
+	if command -v flock >/dev/null; then
+		exec 9>"$STATE/.lock"
+		flock -w 900 9 || die "another services.sh is still running (lock $STATE/.lock)"
+	fi
+}
+
+cmd=${1:-}
+[ -n "$cmd" ] || usage
+shift
+if [ "$cmd" = rabbitmqctl ]; then
+	rmq_env
+	exec "$RMQ_BIN/rabbitmqctl" "$@"
+fi
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=("${ALL[@]}")
+for n in "${names[@]}"; do
+	case $n in
+	postgres | rabbitmq | smtp | nats) ;;
+	*) die "unknown service '$n' (known: ${ALL[*]})" ;;
+	esac
+done
+
+case $cmd in
+up | start)
+	lock
+	ensure_packages "${names[@]}"
+	for n in "${names[@]}"; do "start_$n"; done
+	;;
+stop)
+	lock
+	for n in "${names[@]}"; do "stop_$n"; done
+	;;
+down)
+	lock
+	for n in "${names[@]}"; do "stop_$n"; done
+	for n in "${names[@]}"; do
+		case $n in
+		postgres) rm -f "$STATE/ports/postgres" ;;
+		rabbitmq) rm -f "$STATE/ports/rabbitmq" "$STATE/ports/rabbitmq-management" "$STATE/ports/rabbitmq-dist" ;;
+		smtp) rm -f "$STATE/ports/smtp" "$STATE/ports/smtp-http" ;;
+		nats) rm -f "$STATE/ports/nats" "$STATE/ports/nats-monitor" ;;
+		esac
+	done
+	;;
+restart)
+	lock
+	ensure_packages "${names[@]}"
+	for n in "${names[@]}"; do "stop_$n"; done
+	for n in "${names[@]}"; do "start_$n"; done
+	;;
+status)
+	for n in "${names[@]}"; do printf '%-9s %s\n' "$n" "$("status_$n")"; done
+	;;
+env)
+	for n in "${names[@]}"; do
+		if running "$n"; then "env_$n"; else echo "# $n is not running (start it: $0 up $n)"; fi
+	done
+	;;
+*) usage ;;
+esac

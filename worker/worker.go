@@ -71,8 +71,12 @@ func (o Outcome) String() string {
 
 // Defaults of Config.
 const (
-	// DefaultConcurrency is Config.Concurrency when 0.
-	DefaultConcurrency = 10
+	// DefaultConcurrency is Config.Concurrency when 0. Each message waits
+	// for its commit's WAL flush, so throughput grows with the number of
+	// transactions in flight (group commit) well past the number of cores:
+	// on 2 cores 20 handles about 1.5 times as many messages per second as
+	// 10 (BenchmarkWorker).
+	DefaultConcurrency = 20
 	// DefaultAckDeadline is Config.AckDeadline when 0.
 	DefaultAckDeadline = 30 * time.Second
 	// DefaultShutdownTimeout is Config.ShutdownTimeout when 0.
@@ -113,8 +117,9 @@ type Config struct {
 	// policy its delays (the queue's RetryDelays). Optional: without it the
 	// queue must have been declared on Broker before Run.
 	Topology broker.Topology
-	// Concurrency is the number of messages handled at once. Defaults to
-	// DefaultConcurrency (10).
+	// Concurrency is the number of messages handled at once, each holding
+	// one database connection while it runs. Defaults to
+	// DefaultConcurrency (20).
 	Concurrency int
 	// Prefetch bounds the deliveries received and not yet settled
 	// (broker.SubscribeOptions.Prefetch). Defaults to 2×Concurrency, so a

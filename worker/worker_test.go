@@ -1,0 +1,111 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/worker"
+	"github.com/ferrymq/ferry/worker/workertest"
+)
+
+// newRabbitMQ connects to the RabbitMQ of testenv; the broker is closed
+// when the test ends.
+func newRabbitMQ(tb testing.TB) broker.Broker {
+	tb.Helper()
+	testenv.RequireTCP(tb, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := rabbitmq.New(ctx, rabbitmq.Config{URL: testenv.RabbitMQURL()})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func TestWorkerRabbitMQ(t *testing.T) {
+	workertest.RunWorkerSuite(t, newRabbitMQ)
+}
+
+// BenchmarkWorker reports the worker's msgs/s on RabbitMQ and PostgreSQL
+// with a handler doing one UPDATE; run with -benchtime=20000x.
+func BenchmarkWorker(b *testing.B) {
+	workertest.RunWorkerBenchmark(b, newRabbitMQ, 0)
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
+	// A pool that never connects: New does not touch the database.
+	pool, err := pgxpool.New(context.Background(), "postgres://ferry:ferry@127.0.0.1:1/none")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := newRabbitMQ(t)
+	h := func(context.Context, pgx.Tx, *broker.Message) error { return nil }
+	valid := func() worker.Config {
+		return worker.Config{Consumer: "c", Queue: "q", Pool: pool, Broker: b, Handler: h}
+	}
+	_, err = worker.New(valid())
+	require.NoError(t, err)
+
+	for name, tc := range map[string]struct {
+		edit  func(*worker.Config)
+		field string
+	}{
+		"no consumer":        {func(c *worker.Config) { c.Consumer = "" }, "Config.Consumer"},
+		"no queue":           {func(c *worker.Config) { c.Queue = "" }, "Config.Queue"},
+		"no pool":            {func(c *worker.Config) { c.Pool = nil }, "Config.Pool"},
+		"no broker":          {func(c *worker.Config) { c.Broker = nil }, "Config.Broker"},
+		"no handler":         {func(c *worker.Config) { c.Handler = nil }, "Config.Handler"},
+		"negative conc":      {func(c *worker.Config) { c.Concurrency = -1 }, "Config.Concurrency"},
+		"negative prefetch":  {func(c *worker.Config) { c.Prefetch = -1 }, "Config.Prefetch"},
+		"negative deadline":  {func(c *worker.Config) { c.AckDeadline = -time.Second }, "Config.AckDeadline"},
+		"negative shutdown":  {func(c *worker.Config) { c.ShutdownTimeout = -time.Second }, "Config.ShutdownTimeout"},
+		"bad policy delay":   {func(c *worker.Config) { c.Policy = worker.BackoffPolicy{Delays: []time.Duration{0}} }, "Delays[0]"},
+		"bad policy maximum": {func(c *worker.Config) { c.Policy = worker.BackoffPolicy{MaxAttempts: -2} }, "MaxAttempts"},
+		"queue not in topology": {func(c *worker.Config) {
+			c.Topology = broker.Topology{Exchange: "x", Queues: []broker.Queue{{Name: "other", Bindings: []string{"a"}}}}
+		}, "not in Config.Topology"},
+		"invalid topology": {func(c *worker.Config) {
+			c.Topology = broker.Topology{Exchange: "bad name", Queues: []broker.Queue{{Name: "q", Bindings: []string{"a"}}}}
+		}, "Config.Topology"},
+	} {
+		cfg := valid()
+		tc.edit(&cfg)
+		_, err := worker.New(cfg)
+		require.ErrorIs(t, err, worker.ErrInvalidConfig, name)
+		require.ErrorContains(t, err, tc.field, name)
+	}
+}
+
+func TestRunTwiceAtOnce(t *testing.T) {
+	pool, _ := testenv.NewPool(t)
+	workertest.CreateSchema(t, pool)
+	b := newRabbitMQ(t)
+	topo := broker.Topology{Exchange: testenv.UniqueName("w-ex"), Queues: []broker.Queue{{Name: testenv.UniqueName("w-q"), Bindings: []string{"a.b"}}}}
+	w, err := worker.New(worker.Config{
+		Consumer: "c", Queue: topo.Queues[0].Name, Pool: pool, Broker: b, Topology: topo,
+		Handler: func(context.Context, pgx.Tx, *broker.Message) error { return nil },
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	cancelled, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	// With a cancelled ctx a second Run returns at once: nil when the
+	// first has not started yet, ErrAlreadyRunning once it has.
+	require.Eventually(t, func() bool {
+		return errors.Is(w.Run(cancelled), worker.ErrAlreadyRunning)
+	}, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	// A cancelled ctx: Run returns nil at once.
+	require.NoError(t, w.Run(ctx))
+}

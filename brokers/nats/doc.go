@@ -1,0 +1,58 @@
+// Package nats is ferry's NATS JetStream adapter: it implements
+// broker.Broker on github.com/nats-io/nats.go's jetstream package.
+//
+// # Mapping
+//
+// An exchange is a stream named after it ('.' becomes '_', '_' becomes
+// "-u", '-' becomes "-h", so the mapping is one to one) with interest
+// retention and file storage; an event of Type T is published to subject
+// <stream>.T. Interest retention keeps a message until every queue whose
+// bindings match it has settled it, so two queues bound to the same type
+// each get their copy (work-queue retention forbids overlapping consumers).
+// A queue is a durable pull consumer with explicit ack whose filter
+// subjects are its bindings ('*' stays '*', a trailing '#' becomes both
+// the prefix and prefix.>, because '#' also matches zero words) plus the
+// queue's own replay subject <stream>-replay.<queue>. A '#' before the last
+// word has no NATS equivalent and Declare rejects it with
+// broker.ErrUnsupported. Dead letters live in a second stream
+// <stream>-dlq (limits retention) on subject <stream>-dlq.<queue>.
+//
+// # Delivery semantics
+//
+// Delivery is at least once. Publish sends the batch asynchronously and
+// returns nil once every PubAck arrived; the stream stores the message on
+// disk before it acks. Nats-Msg-Id is the message ID (with its creation
+// time, see Publish), so a relay's re-publish within the stream's duplicate
+// window (Config.DuplicateWindow, default 2 minutes) is dropped by the
+// server; a re-publish later than the window is stored again and the
+// worker's deduplication on Message.ID drops it. Because interest retention
+// discards a message no consumer is interested in without an error,
+// Publish checks the Type against the declared bindings itself and
+// reports broker.ErrUnroutable.
+//
+// A subscription pulls only for Receive calls waiting, at most Prefetch
+// unsettled deliveries per subscription; the consumer's AckWait is
+// SubscribeOptions.AckDeadline, and Delivery.Extend sends InProgress so
+// that a long handler keeps its message and no other subscriber handles it
+// in parallel. Ack, Retry, DeadLetter and Extend wait for the server's
+// confirmation, so an error means the settlement may not have happened.
+//
+// Retry is a NakWithDelay: the message comes back to the same consumer
+// (that queue only) after the delay; no consumer BackOff is configured
+// (it would not apply to a Nak anyway), and a zero delay is raised to
+// Config.MinRetryDelay. A Nak cannot change headers, so Message.Attempt is
+// the consumer's NumDelivered: it also counts redeliveries after an
+// expired AckWait or a lost connection (Capabilities.CountsRedeliveries).
+// DeadLetter publishes a copy to the DLQ subject, awaits its PubAck and
+// then terminates the delivery (+TERM), so the message is neither lost nor
+// redelivered. DLQ replay publishes to the queue's replay subject, so only
+// that queue gets the copy, and deletes the dead message afterwards.
+//
+// Order: a queue's consumer hands out messages in stream order, so with
+// one subscriber and no retries they arrive in publish order
+// (broker.OrderingQueue); a retried message comes back behind later ones.
+//
+// The connection reconnects forever (Config.ReconnectWait); pulls resume
+// by themselves and the declared topology is declared again after each
+// reconnect.
+package nats

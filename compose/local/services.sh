@@ -100,7 +100,9 @@ choose_port() {
 	for p in $saved $def $(seq $((def + 1)) $((def + 200))); do
 		if grep -qx "$p" <<<"$others"; then continue; fi
 		if ! port_listening "$p"; then
-			[ "$p" != "$def" ] && say "$key: port $def is taken by another program; using $p"
+			if [ "$p" != "$def" ] && [ "$p" != "$saved" ]; then
+				say "$key: port $def is taken by another program; using $p"
+			fi
 			echo "$p" >"$STATE/ports/$key"
 			echo "$p"
 			return 0

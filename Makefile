@@ -1,0 +1,41 @@
+# ferry's developer commands. `make test` is what CI runs (.ci/run).
+#
+#   make test       start the servers (compose/local/services.sh up), point the
+#                   tests at them and run every package's tests, one at a time
+#   make services   start the servers and print their addresses
+#   make services-down
+#   make demo       the sample end to end with embedded servers (no install)
+#   make build      ./ferry (git-ignored)
+#   make vet
+
+SHELL    := /bin/bash
+SERVICES := compose/local/services.sh
+export PATH := $(PATH):/usr/local/go/bin
+GO       ?= go
+# -p 1: packages one at a time (outage tests stop shared servers).
+TESTFLAGS ?= -p 1 -count=1 -timeout 45m
+PKGS     ?= ./...
+DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
+
+.PHONY: test services services-down services-status demo build vet
+
+test:
+	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
+
+services:
+	$(SERVICES) up && $(SERVICES) status && $(SERVICES) env
+
+services-down:
+	$(SERVICES) down
+
+services-status:
+	$(SERVICES) status
+
+demo:
+	$(GO) run ./cmd/ferry demo $(if $(DEMO_FILE),--file $(DEMO_FILE))
+
+build:
+	$(GO) build -o ferry ./cmd/ferry
+
+vet:
+	$(GO) vet ./...

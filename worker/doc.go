@@ -43,7 +43,14 @@
 //   - RetryAfter(err, d): like an ordinary error, but the next attempt comes
 //     after d instead of the policy's delay.
 //
-// A failed commit counts as an ordinary error. A panic in the handler is
+// When the transaction cannot even begin, or the dedup insert fails for a
+// reason that is not the message's (connection lost, table missing), the
+// worker holds the delivery and tries again with a backoff up to 5 s,
+// spending no attempt: a database outage pauses the worker instead of
+// filling the DLQ. A message ID the database refuses (data exception, e.g.
+// invalid UTF-8) is dead-lettered. A failed commit counts as an ordinary
+// error (the commit may have happened; if so, the retry is dropped as a
+// duplicate). A panic in the handler is
 // recovered and counts as an ordinary error wrapping ErrPanic: the worker
 // never crashes because of a handler. After each failed attempt,
 // Config.OnFailure runs in its own transaction, with dead=true when the

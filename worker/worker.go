@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferrymq/ferry/broker"
@@ -88,6 +90,11 @@ const (
 const DedupTable = "processed_messages"
 
 const dedupSQL = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+
+// errDatabase marks a failure to begin the transaction or to insert the
+// dedup row for a reason that is not the message's: the worker holds the
+// delivery and tries again instead of spending an attempt.
+var errDatabase = errors.New("worker: database unavailable")
 
 // settleTimeout bounds a settlement (Ack, Retry, DeadLetter, Extend) and a
 // rollback, which run on a context that a shutdown does not cancel.
@@ -362,12 +369,13 @@ func (w *Worker) loop(loopCtx, hctx context.Context, sub broker.Subscription, se
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		w.handle(hctx, d)
+		w.handle(loopCtx, hctx, d)
 	}
 }
 
-// handle processes one delivery and settles it.
-func (w *Worker) handle(ctx context.Context, d broker.Delivery) {
+// handle processes one delivery and settles it. runCtx is Run's ctx
+// (done when the shutdown starts), ctx the handlers' ctx.
+func (w *Worker) handle(runCtx, ctx context.Context, d broker.Delivery) {
 	msg := d.Message()
 	if msg.ID == "" {
 		w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
@@ -376,6 +384,20 @@ func (w *Worker) handle(ctx context.Context, d broker.Delivery) {
 	ext := w.startExtender(d)
 	start := time.Now()
 	dup, err := w.process(ctx, msg)
+	// While the database is unavailable the message is not at fault: hold
+	// the delivery and try again, without spending an attempt.
+	for backoff := 100 * time.Millisecond; err != nil && errors.Is(err, errDatabase); backoff = min(2*backoff, 5*time.Second) {
+		w.log.Error("worker: database unavailable; holding the message and trying again", "message_id", msg.ID, "err", err, "retry_in", backoff)
+		select {
+		case <-runCtx.Done():
+			ext.stop()
+			w.log.Warn("worker: shutdown while the database is unavailable; message left for redelivery", "message_id", msg.ID)
+			return
+		case <-time.After(backoff):
+		}
+		start = time.Now()
+		dup, err = w.process(ctx, msg)
+	}
 	dur := time.Since(start)
 	ext.stop()
 
@@ -398,12 +420,27 @@ func (w *Worker) handle(ctx context.Context, d broker.Delivery) {
 func (w *Worker) process(ctx context.Context, msg *broker.Message) (dup bool, err error) {
 	tx, err := w.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("worker: begin transaction: %w", err)
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return false, fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
 	}
 	tag, err := tx.Exec(ctx, dedupSQL, w.cfg.Consumer, msg.ID)
 	if err != nil {
 		w.rollback(ctx, tx)
-		return false, fmt.Errorf("worker: insert into %s: %w", DedupTable, err)
+		var pgErr *pgconn.PgError
+		switch {
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
+			// Data exception: the message ID itself is unusable (e.g. not
+			// valid UTF-8); retrying cannot help.
+			return false, Permanent(fmt.Errorf("worker: message ID %q: insert into %s: %w", msg.ID, DedupTable, err))
+		default:
+			// Connection lost, table missing (migrations not run), ...:
+			// not the message's fault.
+			return false, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
+		}
 	}
 	if tag.RowsAffected() == 0 {
 		w.rollback(ctx, tx)

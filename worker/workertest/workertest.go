@@ -50,6 +50,7 @@ func RunWorkerSuite(t *testing.T, newBroker NewBrokerFunc) {
 	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, newBroker) })
 	t.Run("RetryAfter", func(t *testing.T) { testRetryAfter(t, newBroker) })
 	t.Run("PanicIsRetried", func(t *testing.T) { testPanic(t, newBroker) })
+	t.Run("DatabaseTroubleHoldsMessage", func(t *testing.T) { testDatabaseTrouble(t, newBroker) })
 	t.Run("LongHandlerKeepsItsDelivery", func(t *testing.T) { testLongHandler(t, newBroker) })
 	t.Run("ShutdownFinishesInFlight", func(t *testing.T) { testShutdown(t, newBroker) })
 	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, newBroker) })
@@ -640,4 +641,35 @@ func testLongHandler(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, int32(1), calls.Load(), "the handler ran once: no redelivery while it worked")
 	require.Len(t, out.snapshot(), 1)
 	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects`))
+}
+
+// testDatabaseTrouble makes the dedup insert fail for a reason that is not
+// the message's (the table is missing, as when migrations were not run):
+// the worker holds the message and tries again, spending no attempt, and
+// handles it once the table is back.
+func testDatabaseTrouble(t *testing.T, newBroker NewBrokerFunc) {
+	f := setup(t, newBroker, 1)
+	ctx := context.Background()
+	out := newOutcomes()
+	fails := &failures{}
+	var attempts atomic.Int32
+	cfg := f.config("db", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		attempts.Store(int32(msg.Attempt))
+		return recordSideEffect(ctx, tx, "db", msg)
+	})
+	cfg.OnOutcome = out.hook
+	cfg.OnFailure = fails.hook
+	_, err := f.pool.Exec(ctx, `ALTER TABLE processed_messages RENAME TO processed_messages_away`)
+	require.NoError(t, err)
+	start(t, cfg)
+	f.publish(t, f.msg("31"))
+	time.Sleep(time.Second)
+	require.Empty(t, out.snapshot(), "nothing is settled while the dedup table is missing")
+	require.Equal(t, int32(0), attempts.Load())
+	_, err = f.pool.Exec(ctx, `ALTER TABLE processed_messages_away RENAME TO processed_messages`)
+	require.NoError(t, err)
+	out.waitCount(t, worker.OutcomeAck, 1)
+	require.Equal(t, int32(1), attempts.Load(), "the wait spent no attempt")
+	require.Empty(t, fails.snapshot())
+	require.Len(t, out.snapshot(), 1)
 }

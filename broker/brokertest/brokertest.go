@@ -577,7 +577,7 @@ func (s *suite) testPrefetch(t *testing.T) {
 
 	// The default prefetch is DefaultPrefetch.
 	tp2 := s.topo(t, q("b", "evt.pf2"))
-	require.NoError(t, b.Declare(ctxFor(t, 30*time.Second), tp2))
+	b = s.declared(t, tp2)
 	msgs = nil
 	for i := 0; i < broker.DefaultPrefetch+2; i++ {
 		msgs = append(msgs, msg(fmt.Sprintf("d%d", i), "evt.pf2"))

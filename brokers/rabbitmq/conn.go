@@ -1,0 +1,161 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// connMgr keeps one AMQP connection open: it dials, re-declares the
+// topology, hands the connection out, and redials after a loss, every
+// ReconnectDelay, until the adapter is closed.
+type connMgr struct {
+	r    *rabbit
+	role string
+
+	mu      sync.Mutex
+	conn    *amqp.Connection // nil while disconnected
+	ready   chan struct{}    // closed while conn is set
+	lastErr error
+}
+
+func newConnMgr(r *rabbit, role string) *connMgr {
+	return &connMgr{r: r, role: role, ready: make(chan struct{})}
+}
+
+func (m *connMgr) lastError() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastErr
+}
+
+// current returns the open connection, waiting for a reconnection while
+// there is none. It returns ctx's error or ErrClosed.
+func (m *connMgr) current(ctx context.Context) (*amqp.Connection, error) {
+	for {
+		if m.r.closed.Load() {
+			return nil, broker.ErrClosed
+		}
+		m.mu.Lock()
+		conn, ready := m.conn, m.ready
+		m.mu.Unlock()
+		if conn != nil && !conn.IsClosed() {
+			return conn, nil
+		}
+		wait := ready
+		if conn != nil {
+			// Lost but not yet noticed by run: poll briefly.
+			t := time.NewTimer(20 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-m.r.closing:
+				t.Stop()
+				return nil, broker.ErrClosed
+			}
+			continue
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-m.r.closing:
+			return nil, broker.ErrClosed
+		}
+	}
+}
+
+func (m *connMgr) dial() (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(m.r.cfg.ConnectionName + "-" + m.role)
+	return amqp.DialConfig(m.r.cfg.URL, amqp.Config{
+		Heartbeat:  m.r.cfg.Heartbeat,
+		Locale:     "en_US",
+		Properties: props,
+		Dial:       amqp.DefaultDial(5 * time.Second),
+	})
+}
+
+// sleep waits d or until the adapter closes; false when closed.
+func (m *connMgr) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-m.r.closing:
+		return false
+	}
+}
+
+func (m *connMgr) run() {
+	defer m.r.wg.Done()
+	log := m.r.log.With("connection", m.role)
+	failures := 0
+	for {
+		if m.r.closed.Load() {
+			return
+		}
+		conn, err := m.dial()
+		if err == nil {
+			if t := m.r.topology(); t != nil {
+				if derr := declareOn(conn, *t); derr != nil {
+					// The topology was accepted before; a refusal now is
+					// logged, and the connection used for what still works.
+					log.Error("rabbitmq: re-declare after reconnect failed", "err", derr)
+				}
+			}
+		}
+		if err != nil {
+			m.mu.Lock()
+			m.lastErr = err
+			m.mu.Unlock()
+			if failures == 0 || failures%20 == 0 {
+				log.Warn("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
+			}
+			failures++
+			if !m.sleep(m.r.cfg.ReconnectDelay) {
+				return
+			}
+			continue
+		}
+		if failures > 0 {
+			log.Info("rabbitmq: reconnected", "after_attempts", failures)
+		}
+		failures = 0
+		lost := conn.NotifyClose(make(chan *amqp.Error, 1))
+		m.mu.Lock()
+		m.conn = conn
+		m.lastErr = nil
+		close(m.ready)
+		m.mu.Unlock()
+
+		select {
+		case e := <-lost:
+			if e != nil {
+				log.Warn("rabbitmq: connection lost; reconnecting", "err", e)
+			} else {
+				log.Warn("rabbitmq: connection closed; reconnecting")
+			}
+			m.mu.Lock()
+			m.conn = nil
+			m.ready = make(chan struct{})
+			m.mu.Unlock()
+		case <-m.r.closing:
+			m.mu.Lock()
+			m.conn = nil
+			m.mu.Unlock()
+			if err := conn.CloseDeadline(time.Now().Add(2 * time.Second)); err != nil && !errors.Is(err, amqp.ErrClosed) {
+				log.Debug("rabbitmq: close connection", "err", err)
+			}
+			return
+		}
+	}
+}

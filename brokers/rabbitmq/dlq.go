@@ -1,0 +1,199 @@
+package rabbitmq
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// DLQ implements broker.Broker.
+func (r *rabbit) DLQ(queue string) (broker.DeadLetterQueue, error) {
+	if r.closed.Load() {
+		return nil, broker.ErrClosed
+	}
+	q, ok := r.queue(queue)
+	if !ok {
+		return nil, fmt.Errorf("rabbitmq: dlq %q: %w", queue, broker.ErrUnknownQueue)
+	}
+	return &dlq{r: r, q: q, name: broker.DLQName(q.Name)}, nil
+}
+
+// dlq implements broker.DeadLetterQueue on <queue>.dlq. Each operation
+// reads the queue with basic.get on a channel of its own, without ack, and
+// then settles what it read: List returns everything (closing the channel
+// requeues the unacked messages at their original positions,
+// https://www.rabbitmq.com/docs/confirms#consumer-nacks-requeue), Purge
+// acks the chosen messages, Replay first publishes them to the work queue
+// with confirms and then acks them. An operation reads at most the
+// messages present when it starts. Concurrent operations on the same DLQ
+// do not see the messages another one holds at that moment.
+type dlq struct {
+	r    *rabbit
+	q    broker.Queue
+	name string
+}
+
+var _ broker.DeadLetterQueue = (*dlq)(nil)
+
+type got struct {
+	d  amqp.Delivery
+	dm broker.DeadMessage
+}
+
+// scan reads up to limit messages (all when limit <= 0) from the DLQ on a
+// fresh channel and calls settle, which settles some of them; the channel
+// then returns every unsettled one to the queue and closes.
+func (q *dlq) scan(ctx context.Context, op string, limit int, settle func(ctx context.Context, ch *amqp.Channel, msgs []got) error) error {
+	if q.r.closed.Load() {
+		return broker.ErrClosed
+	}
+	ctx, cancel := q.r.opContext(ctx)
+	defer cancel()
+	conn, err := q.r.pubMgr.current(ctx)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: dlq %s: %s: %w", q.name, op, q.r.closedErr(err))
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: dlq %s: %s: open channel: %w", q.name, op, err)
+	}
+	defer ch.Close()
+	info, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: dlq %s: %s: %w", q.name, op, err)
+	}
+	n := info.Messages
+	if limit > 0 && limit < n {
+		n = limit
+	}
+	var msgs []got
+	for len(msgs) < n {
+		if err := ctx.Err(); err != nil {
+			return q.r.closedErr(err)
+		}
+		d, ok, err := ch.Get(q.name, false)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: dlq %s: %s: basic.get: %w", q.name, op, q.r.closedErr(err))
+		}
+		if !ok {
+			break
+		}
+		m := fromAMQP(d.MessageId, d.Type, d.RoutingKey, d.Headers, d.Body)
+		msgs = append(msgs, got{d: d, dm: broker.DeadMessage{
+			Message:       m,
+			LastError:     m.Headers[broker.HeaderLastError],
+			FirstFailedAt: broker.ParseTime(m.Headers[broker.HeaderFirstFailedAt]),
+			DeadAt:        broker.ParseTime(m.Headers[broker.HeaderDeadAt]),
+		}})
+	}
+	// settle acks some; closing the channel (deferred, after the acks on
+	// the wire) returns the rest to their original positions.
+	return settle(ctx, ch, msgs)
+}
+
+// List implements broker.DeadLetterQueue.
+func (q *dlq) List(ctx context.Context, limit int) ([]broker.DeadMessage, error) {
+	var out []broker.DeadMessage
+	err := q.scan(ctx, "list", limit, func(_ context.Context, _ *amqp.Channel, msgs []got) error {
+		for _, g := range msgs {
+			out = append(out, g.dm)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func wanted(ids []string) func(string) bool {
+	if ids == nil {
+		return func(string) bool { return true }
+	}
+	set := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	return func(id string) bool { return set[id] }
+}
+
+// Purge implements broker.DeadLetterQueue.
+func (q *dlq) Purge(ctx context.Context, ids []string) ([]string, error) {
+	match := wanted(ids)
+	var out []string
+	err := q.scan(ctx, "purge", 0, func(ctx context.Context, ch *amqp.Channel, msgs []got) error {
+		for _, g := range msgs {
+			if !match(g.d.MessageId) {
+				continue
+			}
+			if err := ch.Ack(g.d.DeliveryTag, false); err != nil {
+				return fmt.Errorf("rabbitmq: dlq %s: purge %s: %w", q.name, g.d.MessageId, err)
+			}
+			out = append(out, g.d.MessageId)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Replay implements broker.DeadLetterQueue. The messages go back to the
+// work queue through the default exchange (so only to this queue) without
+// HeaderRetryCount, HeaderLastError and HeaderDeadAt; HeaderFirstFailedAt
+// is kept. Each is acked in the DLQ only after its copy was confirmed.
+func (q *dlq) Replay(ctx context.Context, ids []string) ([]string, error) {
+	match := wanted(ids)
+	var out []string
+	err := q.scan(ctx, "replay", 0, func(ctx context.Context, ch *amqp.Channel, msgs []got) error {
+		var items []outgoing
+		var picked []got
+		for _, g := range msgs {
+			if !match(g.d.MessageId) {
+				continue
+			}
+			h := make(amqp.Table, len(g.d.Headers))
+			for k, v := range g.d.Headers {
+				switch {
+				case k == broker.HeaderRetryCount, k == broker.HeaderLastError, k == broker.HeaderDeadAt, isDeathHeader(k):
+					continue
+				}
+				h[k] = v
+			}
+			items = append(items, outgoing{exchange: "", key: q.q.Name, pub: amqp.Publishing{
+				Headers:         h,
+				ContentType:     g.d.ContentType,
+				ContentEncoding: g.d.ContentEncoding,
+				DeliveryMode:    amqp.Persistent,
+				MessageId:       g.d.MessageId,
+				Timestamp:       g.d.Timestamp,
+				Type:            g.dm.Message.Type,
+				Body:            g.d.Body,
+			}})
+			picked = append(picked, g)
+		}
+		if len(items) == 0 {
+			return nil
+		}
+		errs, err := q.r.publishConfirmed(ctx, items)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: dlq %s: replay: %w", q.name, err)
+		}
+		var first error
+		for i, g := range picked {
+			if errs[i] != nil {
+				if first == nil {
+					first = fmt.Errorf("rabbitmq: dlq %s: replay %s: %w", q.name, g.d.MessageId, errs[i])
+				}
+				continue
+			}
+			if err := ch.Ack(g.d.DeliveryTag, false); err != nil {
+				return fmt.Errorf("rabbitmq: dlq %s: replay %s: ack: %w", q.name, g.d.MessageId, err)
+			}
+			out = append(out, g.d.MessageId)
+		}
+		return first
+	})
+	return out, err
+}

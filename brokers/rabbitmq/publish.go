@@ -1,0 +1,457 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// pubChan is one confirm-mode channel of the pool. It is used by one batch
+// at a time.
+type pubChan struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	closed  chan *amqp.Error
+}
+
+// pubPool hands out confirm-mode channels on the publishing connection.
+type pubPool struct {
+	r     *rabbit
+	slots chan *pubChan // nil entries are slots without an open channel
+}
+
+func newPubPool(r *rabbit, n int) *pubPool {
+	p := &pubPool{r: r, slots: make(chan *pubChan, n)}
+	for i := 0; i < n; i++ {
+		p.slots <- nil
+	}
+	return p
+}
+
+// acquire returns an open confirm-mode channel, opening one when the slot
+// is empty or its channel is closed.
+func (p *pubPool) acquire(ctx context.Context) (*pubChan, error) {
+	var pc *pubChan
+	select {
+	case pc = <-p.slots:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.r.closing:
+		return nil, broker.ErrClosed
+	}
+	if pc != nil && !pc.ch.IsClosed() && !pc.conn.IsClosed() {
+		return pc, nil
+	}
+	if pc != nil {
+		p.discard(pc)
+	}
+	for {
+		conn, err := p.r.pubMgr.current(ctx)
+		if err != nil {
+			p.slots <- nil
+			return nil, err
+		}
+		pc, err = openPubChan(conn)
+		if err == nil {
+			return pc, nil
+		}
+		if conn.IsClosed() {
+			continue // lost meanwhile: wait for the next connection
+		}
+		p.slots <- nil
+		return nil, fmt.Errorf("rabbitmq: open publishing channel: %w", err)
+	}
+}
+
+func openPubChan(conn *amqp.Connection) (*pubChan, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, err
+	}
+	return &pubChan{
+		conn: conn,
+		ch:   ch,
+		// basic.return frames are handed over by amqp091's reader goroutine
+		// with a blocking send; the batch waiter drains this channel while
+		// it waits, and discard drains it until the channel closes.
+		returns: ch.NotifyReturn(make(chan amqp.Return, 256)),
+		closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
+}
+
+// release puts pc back; a channel in an unknown state is discarded.
+func (p *pubPool) release(pc *pubChan, healthy bool) {
+	if !healthy {
+		p.discard(pc)
+		pc = nil
+	}
+	p.slots <- pc
+}
+
+// discard closes pc's channel in the background, draining its returns so
+// amqp091's reader never blocks on them.
+func (p *pubPool) discard(pc *pubChan) {
+	go func() {
+		for range pc.returns {
+		}
+	}()
+	go pc.ch.Close()
+}
+
+// outgoing is one message to publish with its destination.
+type outgoing struct {
+	exchange string
+	key      string
+	pub      amqp.Publishing
+}
+
+// publishConfirmed publishes items pipelined on one pooled channel and
+// waits for every confirm. It returns one error per item (nil: durably
+// confirmed), or a non-nil second result when nothing could be sent. It
+// never blocks past ctx, even when the socket write blocks (a RabbitMQ
+// resource alarm blocks publishers' connections).
+func (r *rabbit) publishConfirmed(ctx context.Context, items []outgoing) ([]error, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	pc, err := r.pool.acquire(ctx)
+	if err != nil {
+		return nil, r.closedErr(err)
+	}
+	type result struct {
+		errs    []error
+		healthy bool
+	}
+	done := make(chan result, 1)
+	go func() {
+		errs, healthy := pc.send(ctx, items)
+		r.pool.release(pc, healthy)
+		done <- result{errs, healthy}
+	}()
+	select {
+	case res := <-done:
+		return res.errs, nil
+	case <-ctx.Done():
+		// The sending goroutine is stuck in a write; it releases (and
+		// discards) the channel when the write ends.
+		select {
+		case res := <-done:
+			return res.errs, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+		errs := make([]error, len(items))
+		for i := range errs {
+			errs[i] = r.closedErr(ctx.Err())
+		}
+		return errs, nil
+	}
+}
+
+// send publishes items on pc and waits for their confirms. healthy is false
+// when the channel must not be reused (closed, or confirms still pending).
+func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, healthy bool) {
+	errs = make([]error, len(items))
+	dcs := make([]*amqp.DeferredConfirmation, len(items))
+	returned := make([]bool, len(items))
+	var sendErr error
+	for i := range items {
+		it := &items[i]
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, it.exchange, it.key, true, false, it.pub)
+		if err != nil {
+			sendErr = err
+			for j := i; j < len(items); j++ {
+				errs[j] = fmt.Errorf("rabbitmq: publish: %w", err)
+			}
+			break
+		}
+		dcs[i] = dc
+	}
+	healthy = sendErr == nil
+	onReturn := func(ret amqp.Return) {
+		// Returns arrive in publish order, each before its message's ack;
+		// the first not yet returned item with the same id and routing key
+		// is the one.
+		for i := range items {
+			if dcs[i] != nil && !returned[i] && items[i].pub.MessageId == ret.MessageId && items[i].key == ret.RoutingKey {
+				returned[i] = true
+				return
+			}
+		}
+	}
+	for i, dc := range dcs {
+		if dc == nil {
+			continue
+		}
+	wait:
+		for {
+			select {
+			case <-dc.Done():
+				break wait
+			case ret, ok := <-pc.returns:
+				if ok {
+					onReturn(ret)
+				}
+			case <-ctx.Done():
+				for j := i; j < len(dcs); j++ {
+					if dcs[j] != nil && !dcs[j].Acked() {
+						errs[j] = ctx.Err()
+					}
+				}
+				return errs, false
+			}
+		}
+		if !dc.Acked() {
+			if pc.ch.IsClosed() {
+				reason := "channel closed"
+				select {
+				case e := <-pc.closed:
+					if e != nil {
+						reason = e.Error()
+					}
+				default:
+				}
+				errs[i] = fmt.Errorf("rabbitmq: publish: no confirm before the channel closed (%s): %w", reason, amqp.ErrClosed)
+				healthy = false
+			} else {
+				errs[i] = fmt.Errorf("rabbitmq: publish: %w", broker.ErrNacked)
+			}
+		}
+	}
+	// Every return came before its ack, so all are queued by now.
+	for {
+		select {
+		case ret, ok := <-pc.returns:
+			if ok {
+				onReturn(ret)
+				continue
+			}
+		default:
+		}
+		break
+	}
+	for i := range items {
+		if returned[i] && errs[i] == nil {
+			errs[i] = fmt.Errorf("rabbitmq: publish %q with routing key %q: %w", items[i].pub.MessageId, items[i].key, broker.ErrUnroutable)
+		}
+	}
+	return errs, healthy
+}
+
+// Publish implements broker.Broker. Messages that fail validation (no ID or
+// Type, an ID or Type over 255 bytes, too large) are not sent and are
+// reported in the *broker.PublishError with the others that failed.
+func (r *rabbit) Publish(ctx context.Context, msgs []*broker.Message) error {
+	if r.closed.Load() {
+		return broker.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	exchange, ok := r.exchange()
+	if !ok {
+		return errors.New("rabbitmq: publish: no topology declared; call Declare first")
+	}
+	ctx, cancel := r.opContext(ctx)
+	defer cancel()
+
+	var failed []broker.FailedMessage
+	items := make([]outgoing, 0, len(msgs))
+	index := make([]int, 0, len(msgs))
+	now := time.Now()
+	for i, m := range msgs {
+		if err := r.check(m); err != nil {
+			id := ""
+			if m != nil {
+				id = m.ID
+			}
+			failed = append(failed, broker.FailedMessage{Index: i, ID: id, Err: err})
+			continue
+		}
+		items = append(items, outgoing{exchange: exchange, key: m.Type, pub: toPublishing(m, now)})
+		index = append(index, i)
+	}
+	if len(items) > 0 {
+		errs, err := r.publishConfirmed(ctx, items)
+		if err != nil {
+			if len(failed) == 0 {
+				return err
+			}
+			errs = make([]error, len(items))
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+		for j, e := range errs {
+			if e != nil && r.closed.Load() && errors.Is(e, context.Canceled) {
+				e = broker.ErrClosed
+			}
+			if e != nil {
+				failed = append(failed, broker.FailedMessage{Index: index[j], ID: msgs[index[j]].ID, Err: e})
+			}
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	sortFailed(failed)
+	if len(failed) == len(msgs) && allSame(failed) && isPlain(failed[0].Err) {
+		// The whole batch failed for one reason (closed, deadline): say so
+		// plainly; errors.Is finds it either way.
+		return failed[0].Err
+	}
+	return &broker.PublishError{Failed: failed}
+}
+
+func allSame(f []broker.FailedMessage) bool {
+	for _, x := range f[1:] {
+		if x.Err != f[0].Err {
+			return false
+		}
+	}
+	return true
+}
+
+func isPlain(err error) bool {
+	return err == broker.ErrClosed || err == context.DeadlineExceeded || err == context.Canceled
+}
+
+func sortFailed(f []broker.FailedMessage) {
+	for i := 1; i < len(f); i++ {
+		for j := i; j > 0 && f[j].Index < f[j-1].Index; j-- {
+			f[j], f[j-1] = f[j-1], f[j]
+		}
+	}
+}
+
+// check validates one message for Publish.
+func (r *rabbit) check(m *broker.Message) error {
+	switch {
+	case m == nil:
+		return errors.New("rabbitmq: publish: nil message")
+	case m.ID == "":
+		return errors.New("rabbitmq: publish: Message.ID is required")
+	case len(m.ID) > 255:
+		return fmt.Errorf("rabbitmq: publish: Message.ID is %d bytes, at most 255 (AMQP message-id)", len(m.ID))
+	case m.Type == "":
+		return fmt.Errorf("rabbitmq: publish %s: Message.Type is required", m.ID)
+	case len(m.Type) > 255:
+		return fmt.Errorf("rabbitmq: publish %s: Message.Type is %d bytes, at most 255 (AMQP routing key)", m.ID, len(m.Type))
+	}
+	if size := m.Size(); size > r.cfg.MaxMessageBytes {
+		return fmt.Errorf("rabbitmq: publish %s: %d bytes, at most %d: %w", m.ID, size, r.cfg.MaxMessageBytes, broker.ErrMessageTooLarge)
+	}
+	if hb := m.HeaderBytes(); hb > r.cfg.MaxHeaderBytes {
+		return fmt.Errorf("rabbitmq: publish %s: headers take %d bytes, at most %d: %w", m.ID, hb, r.cfg.MaxHeaderBytes, broker.ErrMessageTooLarge)
+	}
+	// The encoded headers table must fit in one content-header frame
+	// (frame_max, 128 KiB by default), or the server closes the connection.
+	if enc := encodedHeaderBytes(m); enc > maxEncodedHeaderBytes {
+		return fmt.Errorf("rabbitmq: publish %s: headers encode to %d bytes, at most %d (one AMQP frame): %w", m.ID, enc, maxEncodedHeaderBytes, broker.ErrMessageTooLarge)
+	}
+	for k := range m.Headers {
+		if k == "" || len(k) > 128 {
+			return fmt.Errorf("rabbitmq: publish %s: header name %q: want 1..128 bytes (AMQP field name)", m.ID, k)
+		}
+		if k == keyHeader {
+			return fmt.Errorf("rabbitmq: publish %s: header name %q is reserved by the adapter", m.ID, k)
+		}
+	}
+	return nil
+}
+
+// maxEncodedHeaderBytes bounds the encoded AMQP properties of a message,
+// leaving room below the default frame_max of 131072 bytes.
+const maxEncodedHeaderBytes = 120 << 10
+
+// encodedHeaderBytes estimates the encoded size of m's AMQP properties:
+// each table entry is a short-string name (1+len) and a long string
+// (1 type byte + 4 length bytes + len), plus the fixed properties.
+func encodedHeaderBytes(m *broker.Message) int {
+	n := 512 + len(m.ID) + len(m.Type) + len(keyHeader) + 6 + len(m.Key)
+	for k, v := range m.Headers {
+		n += 6 + len(k) + len(v)
+	}
+	return n
+}
+
+// toPublishing maps a message to an AMQP publishing: persistent, message-id
+// and type set, Key in keyHeader.
+func toPublishing(m *broker.Message, now time.Time) amqp.Publishing {
+	h := make(amqp.Table, len(m.Headers)+1)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	if m.Key != "" {
+		h[keyHeader] = m.Key
+	}
+	return amqp.Publishing{
+		Headers:      h,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.ID,
+		Type:         m.Type,
+		Timestamp:    now,
+		Body:         m.Body,
+	}
+}
+
+// fromAMQP maps received properties back to a message. x-death and other
+// non-string headers set by RabbitMQ are dropped: ferry never reads them.
+func fromAMQP(id, typ, routingKey string, headers amqp.Table, body []byte) *broker.Message {
+	m := &broker.Message{ID: id, Type: typ, Body: body}
+	if m.Type == "" {
+		m.Type = routingKey
+	}
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	for k, v := range headers {
+		s, ok := v.(string)
+		if !ok {
+			continue
+		}
+		if k == keyHeader {
+			m.Key = s
+			continue
+		}
+		if isDeathHeader(k) {
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(headers))
+		}
+		m.Headers[k] = s
+	}
+	m.Attempt = 1 + retryCount(m.Headers)
+	return m
+}
+
+// isDeathHeader reports whether k is one of the headers RabbitMQ adds when
+// it dead-letters a message (x-death, x-first-death-*, x-last-death-*).
+func isDeathHeader(k string) bool {
+	return k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+}
+
+func retryCount(h map[string]string) int {
+	n := 0
+	for _, c := range h[broker.HeaderRetryCount] {
+		if c < '0' || c > '9' || n > 1e8 {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}

@@ -1,0 +1,518 @@
+// Package rabbitmq is ferry's reference broker adapter, for RabbitMQ over
+// AMQP 0-9-1 (github.com/rabbitmq/amqp091-go).
+//
+// # Mapping
+//
+// A broker.Topology becomes one durable topic exchange and, per queue, a
+// durable work queue bound to it with the queue's routing-key patterns
+// ('*' and '#' as in AMQP topic exchanges), a durable DLQ named
+// Queue.Name+".dlq" and one durable retry queue per retry level named
+// Queue.Name+".retry.<i>". A retry queue has the level's delay as its
+// x-message-ttl and dead-letters expired messages through the default
+// exchange with the work queue's name as routing key
+// (x-dead-letter-exchange "", x-dead-letter-routing-key <queue>), so a
+// retried message comes back only to the queue it failed in, never to the
+// other queues bound to its type. A per-queue TTL is used rather than a
+// per-message expiration because RabbitMQ expires messages only at the head
+// of a queue (https://www.rabbitmq.com/docs/ttl#per-message-ttl-caveats):
+// with one queue per level every message in it has the same delay.
+//
+// Publish uses publisher confirms on a small pool of channels, persistent
+// delivery mode and the mandatory flag: a message no queue is bound to is
+// returned by the server (basic.return before its basic.ack) and reported as
+// broker.ErrUnroutable for its batch index. A batch is pipelined: every
+// message is written, then every confirm awaited.
+//
+// The message travels as: AMQP message-id = Message.ID, AMQP type =
+// Message.Type (also the routing key of the first publish; retries travel
+// through the default exchange, so the type is read back from the property),
+// the header "x-ferry-key" = Message.Key, and the other headers as AMQP
+// string headers. The attempt number is carried in ferry's own header
+// x-retry-count; RabbitMQ's x-death header is never read
+// (broker.HeaderRetryCount).
+//
+// # Connections
+//
+// The adapter keeps two AMQP connections, one for publishing (and Declare
+// and the DLQ operations) and one for consuming, as RabbitMQ recommends so
+// that flow control on publishers does not stall consumers
+// (https://www.rabbitmq.com/docs/connections#flow-control). amqp091-go does
+// not reconnect by itself (its experimental Recovery is left off); the
+// adapter redials every Config.ReconnectDelay after a connection loss,
+// re-declares the remembered topology and resumes every subscription.
+// Deliveries unsettled at the loss are redelivered by RabbitMQ; settling
+// them afterwards returns an error.
+//
+// Capabilities: no native delay (retry levels), ordering within a queue,
+// wildcard bindings, messages up to Config.MaxMessageBytes (RabbitMQ's
+// max_message_size, 128 MiB by default since 3.8), no replay of consumed
+// messages, redeliveries not counted as attempts.
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Defaults of Config.
+const (
+	// DefaultURL is the URL when Config.URL is empty.
+	DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+	// DefaultPublishTimeout bounds a Publish whose ctx has no deadline.
+	DefaultPublishTimeout = 10 * time.Second
+	// DefaultReconnectDelay is the pause between reconnection attempts.
+	DefaultReconnectDelay = 500 * time.Millisecond
+	// DefaultConnectTimeout bounds how long New waits for the first
+	// connection when its ctx has no deadline.
+	DefaultConnectTimeout = 10 * time.Second
+	// DefaultPublishChannels is the size of the publishing channel pool.
+	DefaultPublishChannels = 4
+	// DefaultMaxMessageBytes is RabbitMQ's default max_message_size,
+	// 128 MiB (134217728 bytes) in 3.8 and later
+	// (https://www.rabbitmq.com/docs/configure, max_message_size).
+	DefaultMaxMessageBytes = 128 << 20
+	// DefaultMaxHeaderBytes bounds Message.HeaderBytes. The properties of a
+	// message, headers included, travel in one content-header frame that
+	// must fit in the negotiated frame_max (131072 bytes by default); the
+	// rest is left for the table's encoding and the other properties.
+	DefaultMaxHeaderBytes = 64 << 10
+	// DefaultHeartbeat is the AMQP heartbeat interval, which also bounds how
+	// long a silently dead connection goes unnoticed (twice the interval).
+	DefaultHeartbeat = 10 * time.Second
+)
+
+// MaxRetryDelay is the longest retry level: x-message-ttl is an unsigned
+// 32-bit count of milliseconds (https://www.rabbitmq.com/docs/ttl).
+const MaxRetryDelay = time.Duration(math.MaxUint32) * time.Millisecond
+
+// keyHeader carries Message.Key. It is removed from Message.Headers on
+// receive.
+const keyHeader = "x-ferry-key"
+
+// Config configures the adapter. The zero value of every field means its
+// documented default.
+type Config struct {
+	// URL is the AMQP URL, amqp://user:password@host:port/vhost. Defaults to
+	// DefaultURL.
+	URL string
+	// PublishTimeout bounds a Publish (and the confirmed publish inside
+	// Retry, DeadLetter and Replay) whose ctx has no deadline. Defaults to
+	// DefaultPublishTimeout (10s).
+	PublishTimeout time.Duration
+	// ReconnectDelay is the pause between attempts to reconnect after a
+	// connection loss or a failed dial. Defaults to DefaultReconnectDelay
+	// (500ms).
+	ReconnectDelay time.Duration
+	// ConnectTimeout bounds how long New waits for the first connection when
+	// its ctx has no deadline. Defaults to DefaultConnectTimeout (10s).
+	ConnectTimeout time.Duration
+	// PublishChannels is how many confirm-mode channels Publish uses, so
+	// that concurrent Publish calls do not wait for each other. Defaults to
+	// DefaultPublishChannels (4).
+	PublishChannels int
+	// MaxMessageBytes is the largest Message.Size Publish accepts, in bytes;
+	// set it to the server's max_message_size when that was changed.
+	// Defaults to DefaultMaxMessageBytes (128 MiB).
+	MaxMessageBytes int
+	// MaxHeaderBytes is the largest Message.HeaderBytes Publish accepts, in
+	// bytes. Defaults to DefaultMaxHeaderBytes (64 KiB).
+	MaxHeaderBytes int
+	// Heartbeat is the AMQP heartbeat interval. Defaults to DefaultHeartbeat
+	// (10s).
+	Heartbeat time.Duration
+	// ConnectionName names the two connections in the management UI
+	// (ConnectionName+"-publish", ConnectionName+"-consume"). Defaults to
+	// "ferry".
+	ConnectionName string
+	// Logger receives connection losses and reconnections. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.ReconnectDelay == 0 {
+		c.ReconnectDelay = DefaultReconnectDelay
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.PublishChannels == 0 {
+		c.PublishChannels = DefaultPublishChannels
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = "ferry"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	u, err := amqp.ParseURI(c.URL)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: Config.URL %q: %w", redact(c.URL), err)
+	}
+	_ = u
+	switch {
+	case c.PublishTimeout < 0:
+		return fmt.Errorf("rabbitmq: Config.PublishTimeout %v: must not be negative", c.PublishTimeout)
+	case c.ReconnectDelay < 0:
+		return fmt.Errorf("rabbitmq: Config.ReconnectDelay %v: must not be negative", c.ReconnectDelay)
+	case c.ConnectTimeout < 0:
+		return fmt.Errorf("rabbitmq: Config.ConnectTimeout %v: must not be negative", c.ConnectTimeout)
+	case c.PublishChannels < 0 || c.PublishChannels > 256:
+		return fmt.Errorf("rabbitmq: Config.PublishChannels %d: want 1..256", c.PublishChannels)
+	case c.MaxMessageBytes < 0:
+		return fmt.Errorf("rabbitmq: Config.MaxMessageBytes %d: must not be negative", c.MaxMessageBytes)
+	case c.MaxHeaderBytes < 0 || c.MaxHeaderBytes > 120<<10:
+		return fmt.Errorf("rabbitmq: Config.MaxHeaderBytes %d: want 1..%d (one AMQP frame)", c.MaxHeaderBytes, 120<<10)
+	case c.Heartbeat < 0:
+		return fmt.Errorf("rabbitmq: Config.Heartbeat %v: must not be negative", c.Heartbeat)
+	}
+	return nil
+}
+
+// redact hides the password of an AMQP URL for messages and logs.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// rabbit implements broker.Broker.
+type rabbit struct {
+	cfg    Config
+	log    *slog.Logger
+	pubMgr *connMgr
+	subMgr *connMgr
+	pool   *pubPool
+
+	closing   chan struct{} // closed by Close
+	closeCtx  context.Context
+	cancelAll context.CancelFunc // cancels closeCtx, by Close
+	closeOnce sync.Once
+	closed    atomic.Bool
+	wg        sync.WaitGroup // connection managers
+
+	mu     sync.Mutex
+	topo   *broker.Topology // merged topology of every Declare, nil before the first
+	queues map[string]broker.Queue
+	subs   map[*subscription]struct{}
+}
+
+var _ broker.Broker = (*rabbit)(nil)
+
+// New connects to RabbitMQ and returns the adapter. It waits for the first
+// connection until ctx is done or, when ctx has no deadline, for
+// Config.ConnectTimeout, and returns an error naming the URL (password
+// hidden) and the last dial error if the server stays unreachable. Once
+// connected, later connection losses are repaired in the background.
+func New(ctx context.Context, cfg Config) (broker.Broker, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.ConnectTimeout)
+		defer cancel()
+	}
+	r := &rabbit{
+		cfg:     cfg,
+		log:     cfg.Logger.With("broker", "rabbitmq"),
+		closing: make(chan struct{}),
+		queues:  map[string]broker.Queue{},
+		subs:    map[*subscription]struct{}{},
+	}
+	r.closeCtx, r.cancelAll = context.WithCancel(context.Background())
+	r.pubMgr = newConnMgr(r, "publish")
+	r.subMgr = newConnMgr(r, "consume")
+	r.pool = newPubPool(r, cfg.PublishChannels)
+	r.wg.Add(2)
+	go r.pubMgr.run()
+	go r.subMgr.run()
+	for _, m := range []*connMgr{r.pubMgr, r.subMgr} {
+		if _, err := m.current(ctx); err != nil {
+			last := m.lastError()
+			r.Close()
+			if last != nil {
+				return nil, fmt.Errorf("rabbitmq: connect %s: %w (last dial error: %v)", redact(cfg.URL), err, last)
+			}
+			return nil, fmt.Errorf("rabbitmq: connect %s: %w", redact(cfg.URL), err)
+		}
+	}
+	return r, nil
+}
+
+// Capabilities implements broker.Broker.
+func (r *rabbit) Capabilities() broker.Capabilities {
+	return broker.Capabilities{
+		Name:               "rabbitmq",
+		NativeDelay:        false,
+		MaxDelay:           MaxRetryDelay,
+		Ordering:           broker.OrderingQueue,
+		MaxMessageBytes:    r.cfg.MaxMessageBytes,
+		MaxHeaderBytes:     r.cfg.MaxHeaderBytes,
+		Replay:             false,
+		Wildcards:          true,
+		CountsRedeliveries: false,
+	}
+}
+
+// Declare implements broker.Broker. It declares, in this order, the topic
+// exchange, then per queue the DLQ, the retry levels, the work queue and its
+// bindings; all durable. A retry level whose delay changed since an earlier
+// declaration is refused by RabbitMQ (PRECONDITION_FAILED, arguments differ):
+// the error names the queue; delete it (or choose other delays) to change
+// it. Bindings are only added, never removed. All Declare calls on one
+// adapter must use the same exchange; their queues are merged and
+// re-declared after every reconnect.
+func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
+	if r.closed.Load() {
+		return broker.ErrClosed
+	}
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("rabbitmq: declare: %w", err)
+	}
+	for _, q := range t.Queues {
+		for i, d := range q.Delays() {
+			if d < time.Millisecond || d > MaxRetryDelay {
+				return fmt.Errorf("rabbitmq: declare: queue %s: RetryDelays[%d] %v: want 1ms..%v (x-message-ttl)", q.Name, i, d, MaxRetryDelay)
+			}
+		}
+	}
+	r.mu.Lock()
+	if r.topo != nil && r.topo.Exchange != t.Exchange {
+		ex := r.topo.Exchange
+		r.mu.Unlock()
+		return fmt.Errorf("rabbitmq: declare: exchange %q: this adapter already publishes to exchange %q", t.Exchange, ex)
+	}
+	r.mu.Unlock()
+	ctx, cancel := r.opContext(ctx)
+	defer cancel()
+	conn, err := r.pubMgr.current(ctx)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare: %w", err)
+	}
+	if err := declareOn(conn, t); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.topo == nil {
+		r.topo = &broker.Topology{Exchange: t.Exchange}
+	}
+	for _, q := range t.Queues {
+		merged := q
+		if old, ok := r.queues[q.Name]; ok {
+			merged.Bindings = appendMissing(old.Bindings, q.Bindings)
+			for i := range r.topo.Queues {
+				if r.topo.Queues[i].Name == q.Name {
+					r.topo.Queues[i] = merged
+				}
+			}
+		} else {
+			r.topo.Queues = append(r.topo.Queues, merged)
+		}
+		r.queues[q.Name] = merged
+	}
+	return nil
+}
+
+func appendMissing(have, add []string) []string {
+	out := append([]string(nil), have...)
+	for _, a := range add {
+		found := false
+		for _, h := range out {
+			if h == a {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// retryQueueName is the name of retry level i of queue.
+func retryQueueName(queue string, i int) string { return fmt.Sprintf("%s.retry.%d", queue, i) }
+
+// retryQueueArgs are the arguments of a retry level: the level's delay as
+// per-queue message TTL, then dead-lettering through the default exchange
+// straight to the work queue (https://www.rabbitmq.com/docs/dlx).
+func retryQueueArgs(queue string, delay time.Duration) amqp.Table {
+	return amqp.Table{
+		"x-message-ttl":             ttlMillis(delay),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": queue,
+	}
+}
+
+func ttlMillis(d time.Duration) int64 {
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	if ms < 1 {
+		ms = 1
+	}
+	return ms
+}
+
+// declareOn declares t on conn, on a channel of its own (a refused
+// declaration closes the channel).
+func declareOn(conn *amqp.Connection, t broker.Topology) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare: open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("rabbitmq: declare exchange %q: %w", t.Exchange, err)
+	}
+	for _, q := range t.Queues {
+		dlq := broker.DLQName(q.Name)
+		if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: declare queue %q: %w", dlq, err)
+		}
+		for i, d := range q.Delays() {
+			name := retryQueueName(q.Name, i)
+			if _, err := ch.QueueDeclare(name, true, false, false, false, retryQueueArgs(q.Name, d)); err != nil {
+				return fmt.Errorf("rabbitmq: declare retry queue %q (x-message-ttl %dms): %w", name, ttlMillis(d), err)
+			}
+		}
+		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: declare queue %q: %w", q.Name, err)
+		}
+		for _, b := range q.Bindings {
+			if err := ch.QueueBind(q.Name, b, t.Exchange, false, nil); err != nil {
+				return fmt.Errorf("rabbitmq: bind queue %q to exchange %q with %q: %w", q.Name, t.Exchange, b, err)
+			}
+		}
+	}
+	return nil
+}
+
+// topology returns a copy of the merged topology, or nil.
+func (r *rabbit) topology() *broker.Topology {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.topo == nil {
+		return nil
+	}
+	c := *r.topo
+	c.Queues = append([]broker.Queue(nil), r.topo.Queues...)
+	return &c
+}
+
+func (r *rabbit) queue(name string) (broker.Queue, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q, ok := r.queues[name]
+	return q, ok
+}
+
+func (r *rabbit) exchange() (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.topo == nil {
+		return "", false
+	}
+	return r.topo.Exchange, true
+}
+
+// opContext applies the publish timeout when ctx has no deadline, and ends
+// the context when the adapter is closed.
+func (r *rabbit) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); ok {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	}
+	stop := context.AfterFunc(r.closeCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// closedErr returns ErrClosed when the adapter was closed while err
+// happened, else err.
+func (r *rabbit) closedErr(err error) error {
+	if r.closed.Load() {
+		return broker.ErrClosed
+	}
+	return err
+}
+
+// Close implements broker.Broker. It stops every subscription (their
+// unsettled deliveries go back to their queues when the channels close),
+// closes both connections with a 2s deadline for the close handshake and
+// returns within about 5s even when the server is unreachable.
+func (r *rabbit) Close() error {
+	first := false
+	r.closeOnce.Do(func() {
+		first = true
+		r.closed.Store(true)
+		close(r.closing)
+		r.cancelAll()
+	})
+	if !first {
+		return nil
+	}
+	r.mu.Lock()
+	subs := make([]*subscription, 0, len(r.subs))
+	for s := range r.subs {
+		subs = append(subs, s)
+	}
+	r.mu.Unlock()
+	for _, s := range subs {
+		s.stop()
+	}
+	done := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		r.log.Warn("rabbitmq: close: connections did not close within 5s; abandoning them")
+	}
+	return nil
+}
+
+// isAMQPCode reports whether err is an AMQP error with the reply code.
+func isAMQPCode(err error, code int) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == code
+}

@@ -1,0 +1,404 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/broker/brokertest"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// config is the adapter configuration the tests use: the test server, a
+// short reconnect delay.
+func config() rabbitmq.Config {
+	return rabbitmq.Config{URL: testenv.RabbitMQURL(), ReconnectDelay: 200 * time.Millisecond}
+}
+
+func newBroker(t testing.TB) broker.Broker {
+	t.Helper()
+	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := rabbitmq.New(ctx, config())
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// deleteTopology removes everything Declare created for tp.
+func deleteTopology(ctx context.Context, t testing.TB, tp broker.Topology) {
+	conn, err := amqp.Dial(testenv.RabbitMQURL())
+	if err != nil {
+		t.Logf("delete topology: %v", err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Logf("delete topology: %v", err)
+		return
+	}
+	defer ch.Close()
+	for _, q := range tp.Queues {
+		names := []string{q.Name, broker.DLQName(q.Name)}
+		for i := range q.Delays() {
+			names = append(names, fmt.Sprintf("%s.retry.%d", q.Name, i))
+		}
+		for _, n := range names {
+			if _, err := ch.QueueDelete(n, false, false, false); err != nil {
+				t.Logf("delete queue %s: %v", n, err)
+				return
+			}
+		}
+	}
+	if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
+		t.Logf("delete exchange %s: %v", tp.Exchange, err)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	addr := testenv.HostPort(testenv.RabbitMQURL())
+	testenv.RequireTCP(t, "rabbitmq", addr)
+	brokertest.RunConformance(t, brokertest.Harness{
+		New: func(ctx context.Context, t *testing.T) (broker.Broker, error) {
+			return rabbitmq.New(ctx, config())
+		},
+		StopServer: func(t *testing.T) {
+			testenv.Services(t, "stop", "rabbitmq")
+			// The outage must be real: the server the tests talk to is down.
+			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				c.Close()
+				t.Fatalf("services.sh stop rabbitmq left %s reachable: FERRY_RABBITMQ_URL must name the server services.sh runs (eval \"$(compose/local/services.sh env)\")", addr)
+			}
+		},
+		StartServer: func(t *testing.T) {
+			testenv.Services(t, "start", "rabbitmq")
+			testenv.RequireTCP(t, "rabbitmq", addr)
+		},
+		DeleteTopology: func(ctx context.Context, t *testing.T, tp broker.Topology) { deleteTopology(ctx, t, tp) },
+	})
+}
+
+func topology(t *testing.T, delays ...time.Duration) broker.Topology {
+	base := testenv.UniqueName("rmq")
+	tp := broker.Topology{Exchange: base + ".ex", Queues: []broker.Queue{{
+		Name: base + ".work", Bindings: []string{"order.*", "invoice.#"}, RetryDelays: delays,
+	}}}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		deleteTopology(ctx, t, tp)
+	})
+	return tp
+}
+
+// mgmt GETs path from the management HTTP API into v.
+func mgmt(t *testing.T, path string, v any) int {
+	t.Helper()
+	base, err := url.Parse(testenv.RabbitMQManagementURL())
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(base.Scheme+"://"+base.Host, "/")+path, nil)
+	require.NoError(t, err)
+	if base.User != nil {
+		pw, _ := base.User.Password()
+		req.SetBasicAuth(base.User.Username(), pw)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err, "management API at %s", base.Host)
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK && v != nil {
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+	}
+	return resp.StatusCode
+}
+
+type mgmtQueue struct {
+	Name       string         `json:"name"`
+	Durable    bool           `json:"durable"`
+	AutoDelete bool           `json:"auto_delete"`
+	Arguments  map[string]any `json:"arguments"`
+}
+
+// TestTopologyInManagementAPI checks what Declare leaves on the server, as
+// the management plugin shows it.
+func TestTopologyInManagementAPI(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, 200*time.Millisecond, 1500*time.Millisecond, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	work := tp.Queues[0].Name
+
+	var ex struct {
+		Type       string `json:"type"`
+		Durable    bool   `json:"durable"`
+		AutoDelete bool   `json:"auto_delete"`
+	}
+	require.Equal(t, http.StatusOK, mgmt(t, "/api/exchanges/%2F/"+url.PathEscape(tp.Exchange), &ex))
+	require.Equal(t, "topic", ex.Type)
+	require.True(t, ex.Durable)
+	require.False(t, ex.AutoDelete)
+
+	var wq mgmtQueue
+	require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(work), &wq))
+	require.True(t, wq.Durable)
+	require.False(t, wq.AutoDelete)
+
+	var dlq mgmtQueue
+	require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(work+".dlq"), &dlq))
+	require.True(t, dlq.Durable, "the DLQ is durable")
+
+	for i, ttl := range []float64{200, 1500, 120000} {
+		var rq mgmtQueue
+		name := fmt.Sprintf("%s.retry.%d", work, i)
+		require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(name), &rq), name)
+		require.True(t, rq.Durable, name)
+		require.Equal(t, ttl, rq.Arguments["x-message-ttl"], "%s x-message-ttl", name)
+		require.Equal(t, "", rq.Arguments["x-dead-letter-exchange"], "%s dead-letters through the default exchange", name)
+		require.Equal(t, work, rq.Arguments["x-dead-letter-routing-key"], "%s returns to its work queue only", name)
+	}
+	require.Equal(t, http.StatusNotFound, mgmt(t, "/api/queues/%2F/"+url.PathEscape(work+".retry.3"), nil))
+
+	var binds []struct {
+		RoutingKey string `json:"routing_key"`
+	}
+	require.Equal(t, http.StatusOK, mgmt(t, "/api/bindings/%2F/e/"+url.PathEscape(tp.Exchange)+"/q/"+url.PathEscape(work), &binds))
+	var keys []string
+	for _, bd := range binds {
+		keys = append(keys, bd.RoutingKey)
+	}
+	require.ElementsMatch(t, []string{"order.*", "invoice.#"}, keys)
+
+	// Nothing but the work queue is bound to the exchange: retries and dead
+	// letters never pass through it.
+	var all []struct {
+		Destination string `json:"destination"`
+	}
+	require.Equal(t, http.StatusOK, mgmt(t, "/api/exchanges/%2F/"+url.PathEscape(tp.Exchange)+"/bindings/source", &all))
+	for _, bd := range all {
+		require.Equal(t, work, bd.Destination)
+	}
+}
+
+// TestDefaultRetryDelay: a queue without RetryDelays gets one 30s level.
+func TestDefaultRetryDelay(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	var rq mgmtQueue
+	require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(tp.Queues[0].Name+".retry.0"), &rq))
+	require.Equal(t, float64(30000), rq.Arguments["x-message-ttl"])
+}
+
+// TestDeclareChangedRetryDelayRefused: RabbitMQ refuses to redeclare a
+// retry level with another TTL; the error names the queue.
+func TestDeclareChangedRetryDelayRefused(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	changed := tp
+	changed.Queues = []broker.Queue{tp.Queues[0]}
+	changed.Queues[0].RetryDelays = []time.Duration{300 * time.Millisecond}
+	err := newBroker(t).Declare(ctx, changed)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), tp.Queues[0].Name+".retry.0")
+	require.Contains(t, err.Error(), "PRECONDITION_FAILED")
+	// The adapter that declared first still works.
+	require.NoError(t, b.Declare(ctx, tp))
+	// Another exchange on the same adapter is refused.
+	other := topology(t, time.Second)
+	require.ErrorContains(t, b.Declare(ctx, other), "already publishes to exchange")
+}
+
+// TestWireFormat reads a published message raw: persistent, message-id,
+// type, string headers, the key in x-ferry-key.
+func TestWireFormat(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "42", Type: "order.created", Key: "user-7",
+		Body: []byte(`{"a":1}`), Headers: map[string]string{"h": "v"}}}))
+
+	conn, err := amqp.Dial(testenv.RabbitMQURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	d, ok, err := ch.Get(tp.Queues[0].Name, true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
+	require.Equal(t, "42", d.MessageId)
+	require.Equal(t, "order.created", d.Type)
+	require.Equal(t, "order.created", d.RoutingKey)
+	require.Equal(t, tp.Exchange, d.Exchange)
+	require.Equal(t, "v", d.Headers["h"])
+	require.Equal(t, "user-7", d.Headers["x-ferry-key"])
+	require.NotContains(t, d.Headers, broker.HeaderRetryCount)
+	require.Equal(t, `{"a":1}`, string(d.Body))
+}
+
+// TestXDeathIgnored: a message that already carries an x-death header (it
+// went through a retry queue) still counts attempts from x-retry-count only.
+func TestXDeathIgnored(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	sub, err := b.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "x", Type: "order.created"}}))
+	for attempt := 1; attempt <= 3; attempt++ {
+		d, err := sub.Receive(ctx)
+		require.NoError(t, err)
+		require.Equal(t, attempt, d.Message().Attempt)
+		require.NotContains(t, d.Message().Headers, "x-death")
+		if attempt < 3 {
+			require.NoError(t, d.Retry(ctx, 0, "again"))
+		} else {
+			require.NoError(t, d.Ack(ctx))
+		}
+	}
+}
+
+// TestReconnectAfterServerClosesConnections: the server force-closes every
+// connection (as an operator or a failover does); publisher and
+// subscription reconnect by themselves and nothing confirmed is lost.
+func TestReconnectAfterServerClosesConnections(t *testing.T) {
+	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
+	cfg := config()
+	cfg.ConnectionName = testenv.UniqueName("ferry-reconnect")
+	b, err := rabbitmq.New(context.Background(), cfg)
+	require.NoError(t, err)
+	defer b.Close()
+	tp := topology(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	sub, err := b.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 5})
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "before", Type: "order.created"}}))
+	held, err := sub.Receive(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "before", held.Message().ID)
+
+	// Close every ferry connection through the management API.
+	var conns []struct {
+		Name       string         `json:"name"`
+		ClientProp map[string]any `json:"client_properties"`
+	}
+	// The management API lists a connection once its first statistics
+	// event arrived (every 5s by default).
+	ours := func() []string {
+		var names []string
+		require.Equal(t, http.StatusOK, mgmt(t, "/api/connections", &conns))
+		for _, c := range conns {
+			if name, _ := c.ClientProp["connection_name"].(string); strings.HasPrefix(name, cfg.ConnectionName+"-") {
+				names = append(names, c.Name)
+			}
+		}
+		return names
+	}
+	require.Eventually(t, func() bool { return len(ours()) >= 2 }, 15*time.Second, 200*time.Millisecond,
+		"the adapter's two connections never showed in the management API")
+	closed := 0
+	base, _ := url.Parse(testenv.RabbitMQManagementURL())
+	pw, _ := base.User.Password()
+	for _, name := range ours() {
+		c := struct{ Name string }{name}
+		req, _ := http.NewRequest(http.MethodDelete, base.Scheme+"://"+base.Host+"/api/connections/"+url.PathEscape(c.Name), nil)
+		req.SetBasicAuth(base.User.Username(), pw)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		closed++
+	}
+	require.Positive(t, closed, "no ferry connection found in the management API")
+
+	// The held delivery's channel is gone: settling it fails, and the
+	// message comes back.
+	require.Eventually(t, func() bool { return held.Ack(ctx) != nil }, 5*time.Second, 50*time.Millisecond)
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "after", Type: "order.created"}}))
+	seen := map[string]bool{}
+	for !seen["before"] || !seen["after"] {
+		d, err := sub.Receive(ctx)
+		require.NoError(t, err)
+		seen[d.Message().ID] = true
+		require.NoError(t, d.Ack(ctx))
+	}
+}
+
+// TestNewUnreachable: New fails within its ctx when nothing listens, and
+// the error names the URL without the password.
+func TestNewUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = rabbitmq.New(ctx, rabbitmq.Config{URL: "amqp://guest:secret@" + addr + "/", ReconnectDelay: 100 * time.Millisecond})
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 4*time.Second)
+	require.Contains(t, err.Error(), addr)
+	require.NotContains(t, err.Error(), "secret")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestConfigValidation(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range []rabbitmq.Config{
+		{URL: "http://nope"},
+		{PublishTimeout: -time.Second},
+		{PublishChannels: -1},
+		{MaxHeaderBytes: 1 << 20},
+	} {
+		_, err := rabbitmq.New(ctx, cfg)
+		require.Error(t, err, "%+v", cfg)
+		require.True(t, strings.HasPrefix(err.Error(), "rabbitmq: Config."), err.Error())
+	}
+}
+
+// TestPublishInvalidMessages: bad input is reported per message, never sent.
+func TestPublishInvalidMessages(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.Publish(ctx, nil))
+	err := b.Publish(ctx, []*broker.Message{{ID: "1", Type: "order.created"}})
+	require.ErrorContains(t, err, "Declare first")
+	require.NoError(t, b.Declare(ctx, tp))
+	batch := []*broker.Message{
+		{ID: "", Type: "order.created"},
+		{ID: "ok", Type: "order.created"},
+		nil,
+		{ID: "2", Type: ""},
+		{ID: strings.Repeat("9", 256), Type: "order.created"},
+		{ID: "3", Type: "order.created", Headers: map[string]string{"x-ferry-key": "mine"}},
+	}
+	err = b.Publish(ctx, batch)
+	failed := broker.FailedIndexes(err, len(batch))
+	require.Len(t, failed, 5, "%v", err)
+	require.NotContains(t, failed, 1)
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
 )
 
@@ -34,6 +35,9 @@ type BrokerFunc func(ctx context.Context, o BrokerOptions) (broker.Broker, error
 var Brokers = map[string]BrokerFunc{
 	"rabbitmq": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
 		return rabbitmq.New(ctx, rabbitmq.Config{URL: o.RabbitMQURL, Logger: o.Logger})
+	},
+	"nats": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
+		return nats.New(ctx, nats.Config{URL: o.NATSURL, Logger: o.Logger})
 	},
 }
 

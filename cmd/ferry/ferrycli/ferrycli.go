@@ -166,7 +166,7 @@ func apiCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "api",
 		Usage: "serve the notification HTTP API (POST /notifications, GET /notifications/{id})",
-		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), logFlags()),
+		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), metricsFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runAPI(ctx) })
 		},
@@ -177,7 +177,7 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "publish committed outbox rows to the broker",
-		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), logFlags()),
+		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), metricsFlags(), alertFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
 		},
@@ -188,7 +188,7 @@ func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
 		Usage: "consume the notification queue and send the mails",
-		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), logFlags()),
+		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), metricsFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runWorker(ctx) })
 		},
@@ -207,14 +207,14 @@ func runStack(c *cli.Context, f func(context.Context, *stack) error) error {
 		return err
 	}
 	defer st.close()
-	return ignoreCanceled(c.Context, f(c.Context, st))
+	return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, func(ctx context.Context) error { return f(ctx, st) }))
 }
 
 func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags()),
+		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), metricsFlags(), alertFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
@@ -232,7 +232,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			defer st.close()
-			return ignoreCanceled(c.Context, st.runAll(c.Context))
+			return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, st.runAll))
 		},
 	}
 }

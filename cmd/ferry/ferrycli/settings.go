@@ -196,6 +196,8 @@ type settings struct {
 	shutdownTimeout time.Duration
 	debugFail       bool
 	dataDir         string
+	// obs are the observability flags (nil for commands without them).
+	obs *obsSettings
 }
 
 // loadSettings reads the flags that c defines and checks them.
@@ -225,6 +227,11 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		},
 	}
 	has := func(name string) bool { return hasFlag(c, name) }
+	obs, err := loadObsSettings(c)
+	if err != nil {
+		return nil, err
+	}
+	s.obs = obs
 	if has(flagBroker) {
 		if _, err := lookupBroker(s.broker); err != nil {
 			return nil, err

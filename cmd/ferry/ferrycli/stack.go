@@ -33,6 +33,9 @@ type stack struct {
 	// apiReady, when set, receives the API's listen address once it
 	// accepts connections.
 	apiReady func(addr string)
+	// obs adds metrics, tracing and the stuck-outbox alert; nil changes
+	// nothing.
+	obs *observability
 }
 
 // where describes the servers a command uses, for logs and the demo
@@ -159,7 +162,12 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 		pool.Close()
 		return nil, err
 	}
-	return &stack{s: s, log: log, pool: pool, app: a}, nil
+	obs, err := newObservability(ctx, s.obs, s.broker, pool, log)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &stack{s: s, log: log, pool: pool, app: a, obs: obs}, nil
 }
 
 func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
@@ -169,7 +177,10 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 	return app.Migrate(ctx, pool)
 }
 
-func (st *stack) close() { st.pool.Close() }
+func (st *stack) close() {
+	st.obs.close()
+	st.pool.Close()
+}
 
 func (st *stack) topology() broker.Topology { return st.app.Topology(st.s.retryDelays) }
 
@@ -181,7 +192,7 @@ func (st *stack) runAPI(ctx context.Context) error {
 		return fmt.Errorf("ferry: api: --%s %s: %w", flagAddr, st.s.addr, err)
 	}
 	srv := &http.Server{
-		Handler:           st.app.Handler(),
+		Handler:           st.obs.apiHandler(st.app.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(st.log.Handler(), slog.LevelWarn),
 	}
@@ -208,6 +219,7 @@ func (st *stack) runAPI(ctx context.Context) error {
 // runRelay publishes the outbox to the broker until ctx is done; it waits
 // for an unreachable broker.
 func (st *stack) runRelay(ctx context.Context) error {
+	defer st.obs.startAlert(ctx)()
 	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.log)
 	if err != nil {
 		return ignoreCanceled(ctx, err)
@@ -215,7 +227,8 @@ func (st *stack) runRelay(ctx context.Context) error {
 	defer b.Close()
 	r, err := outbox.NewRelay(outbox.RelayConfig{
 		Pool:         st.pool,
-		Broker:       b,
+		Broker:       st.obs.relayBroker(b),
+		OnBatch:      st.obs.onBatch(),
 		BatchSize:    st.s.batchSize,
 		PollInterval: st.s.pollInterval,
 		Retention:    st.s.retention,
@@ -241,7 +254,7 @@ func (st *stack) runWorker(ctx context.Context) error {
 		Queue:           st.app.Queue(),
 		Pool:            st.pool,
 		Broker:          b,
-		Handler:         st.app.HandleNotification,
+		Handler:         st.obs.workerHandler(st.app.HandleNotification),
 		Topology:        st.topology(),
 		Concurrency:     st.s.concurrency,
 		Prefetch:        st.s.prefetch,
@@ -249,7 +262,7 @@ func (st *stack) runWorker(ctx context.Context) error {
 		ShutdownTimeout: st.s.shutdownTimeout,
 		Logger:          st.log.With("component", "worker"),
 		OnFailure:       st.app.OnFailure,
-		OnOutcome:       st.onOutcome,
+		OnOutcome:       st.obs.onOutcome(st.onOutcome),
 	})
 	if err != nil {
 		return err

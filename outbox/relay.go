@@ -198,7 +198,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Relay{cfg: cfg, log: log.With("component", "outbox.relay"), wake: make(chan struct{}, 1)}, nil
+	return &Relay{cfg: cfg, log: log, wake: make(chan struct{}, 1)}, nil
 }
 
 // Config returns the relay's configuration with the defaults applied.
@@ -345,7 +345,11 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		r.setAvailable(true, nil)
+		if res.claimed > 0 {
+			// Only a batch that reached the broker tells it is back: an
+			// empty claim (other loops hold the rows) says nothing.
+			r.setAvailable(true, nil)
+		}
 		backoff = 0
 		if res.claimed == r.cfg.BatchSize {
 			// More rows are probably waiting: let another loop join in and
@@ -448,18 +452,33 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		return batchResult{err: fmt.Errorf("outbox: relay: %s: %w", op, err), outage: true}
 	}
 
-	tx, err := r.cfg.Pool.Begin(ctx)
+	// One round trip opens the transaction and claims (BEGIN pipelined
+	// with the SELECT), one marks and commits: the locks are held across
+	// Publish, and a connection left inside a transaction is rolled back.
+	c, err := r.cfg.Pool.Acquire(ctx)
 	if err != nil {
-		return dbErr("begin", err)
+		return dbErr("acquire", err)
 	}
 	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx) // a no-op after Commit
+		if c.Conn().PgConn().TxStatus() != 'I' && !c.Conn().IsClosed() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, _ = c.Exec(rctx, "ROLLBACK")
+			cancel()
+		}
+		c.Release() // the pool drops a connection still in a transaction
 	}()
 
-	rows, err := tx.Query(ctx, claimSQL, r.cfg.BatchSize)
+	claim := &pgx.Batch{}
+	claim.Queue("BEGIN")
+	claim.Queue(claimSQL, r.cfg.BatchSize)
+	br := c.SendBatch(ctx, claim)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return dbErr("begin", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
+		br.Close()
 		return dbErr("claim", err)
 	}
 	var (
@@ -495,12 +514,17 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		ids = append(ids, id)
 		attempts = append(attempts, att)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
+		br.Close()
+		return dbErr("claim", err)
+	}
+	if err := br.Close(); err != nil {
 		return dbErr("claim", err)
 	}
 	res.claimed = len(msgs)
 	if len(msgs) == 0 {
-		if err := tx.Commit(ctx); err != nil {
+		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
 			return dbErr("commit", err)
 		}
 		return res
@@ -555,26 +579,29 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		failErrs = append(failErrs, broker.TruncateReason(ferr.Error()))
 		failDelays = append(failDelays, delay.Milliseconds())
 	}
-	b := &pgx.Batch{}
+	mark := &pgx.Batch{}
 	if len(okIDs) > 0 {
-		b.Queue(markSQL, okIDs)
+		mark.Queue(markSQL, okIDs)
 	}
 	if len(failIDs) > 0 {
-		b.Queue(failSQL, failIDs, failErrs, failDelays)
+		mark.Queue(failSQL, failIDs, failErrs, failDelays)
 	}
-	if b.Len() > 0 {
-		if err := tx.SendBatch(mctx, b).Close(); err != nil {
-			return batchResult{claimed: len(msgs), err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown}
+	mark.Queue("COMMIT")
+	if err := c.SendBatch(mctx, mark).Close(); err != nil || c.Conn().PgConn().TxStatus() != 'I' {
+		if err == nil {
+			err = errors.New("transaction still open after COMMIT")
 		}
-	}
-	if err := tx.Commit(mctx); err != nil {
-		return batchResult{claimed: len(msgs), err: fmt.Errorf("outbox: relay: commit: %w", err), outage: !shutdown}
+		return batchResult{claimed: len(msgs), publishDur: res.publishDur, err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown}
 	}
 	res.markDur = time.Since(mstart)
 	res.published = len(okIDs)
 	res.failed = len(failed)
 	if perr != nil {
 		res.err = perr
+		var pe *broker.PublishError
+		if !errors.As(perr, &pe) {
+			res.err = fmt.Errorf("outbox: relay: publish: %w", perr)
+		}
 		res.outage = !rowOnly
 		if rowOnly && len(failIDs) > 0 {
 			r.log.Warn("outbox: relay: messages failed to publish, retrying them later",

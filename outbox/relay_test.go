@@ -311,7 +311,11 @@ func TestRelayFailingRowDoesNotBlock(t *testing.T) {
 	require.Len(t, pe.Failed, 1)
 	require.Equal(t, strconv.FormatInt(bad, 10), pe.Failed[0].ID)
 	require.Len(t, stats, 1)
-	require.Equal(t, outbox.BatchStats{Claimed: 6, Published: 5, Failed: 1, Duration: stats[0].Duration, Err: stats[0].Err}, stats[0])
+	require.Equal(t, outbox.BatchStats{Claimed: 6, Published: 5, Failed: 1, Duration: stats[0].Duration,
+		PublishDuration: stats[0].PublishDuration, MarkDuration: stats[0].MarkDuration, Err: stats[0].Err}, stats[0])
+	require.Positive(t, stats[0].PublishDuration)
+	require.Positive(t, stats[0].MarkDuration)
+	require.LessOrEqual(t, stats[0].PublishDuration+stats[0].MarkDuration, stats[0].Duration)
 
 	var attempts int
 	var lastErr string

@@ -1,0 +1,107 @@
+package outbox_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
+)
+
+// logCounter counts log records by message, and passes them on to the test
+// log.
+type logCounter struct {
+	next slog.Handler
+	mu   *sync.Mutex
+	msgs map[string]int
+}
+
+func (h logCounter) Enabled(ctx context.Context, l slog.Level) bool { return true }
+func (h logCounter) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.msgs[r.Message]++
+	h.mu.Unlock()
+	return h.next.Handle(ctx, r)
+}
+func (h logCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	return logCounter{h.next.WithAttrs(as), h.mu, h.msgs}
+}
+func (h logCounter) WithGroup(g string) slog.Handler {
+	return logCounter{h.next.WithGroup(g), h.mu, h.msgs}
+}
+
+func (h logCounter) count(substr string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for m, c := range h.msgs {
+		if strings.Contains(m, substr) {
+			n += c
+		}
+	}
+	return n
+}
+
+// While RabbitMQ is down the relay backs off instead of spinning, logs the
+// outage once, keeps the rows, and publishes them all once it is back.
+// Not parallel: it stops the shared RabbitMQ (compose/local/services.sh).
+func TestRelayBrokerOutage(t *testing.T) {
+	ctx := testCtx(t)
+	rg := setup(t)
+	logs := logCounter{next: slog.NewTextHandler(testWriter{t}, nil), mu: &sync.Mutex{}, msgs: map[string]int{}}
+	var failedBatches atomic.Int64
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Concurrency: 2, PublishTimeout: time.Second,
+		MaxBackoff: 300 * time.Millisecond, Retention: -1, Logger: slog.New(logs),
+		OnBatch: func(s outbox.BatchStats) {
+			if s.Err != nil {
+				failedBatches.Add(1)
+			}
+		}})
+	stop := runRelay(t, r)
+
+	before := enqueue(t, rg.pool, events(10, "test.outage")...)
+	require.Eventually(t, func() bool { return unprocessed(t, rg.pool) == 0 }, 30*time.Second, 20*time.Millisecond)
+
+	testenv.Services(t, "stop", "rabbitmq")
+	addr := testenv.HostPort(testenv.RabbitMQURL())
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("RabbitMQ at %s still accepts connections after services.sh stop: point FERRY_RABBITMQ_URL at the services.sh node (eval \"$(compose/local/services.sh env)\")", addr)
+	}
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			testenv.Services(t, "start", "rabbitmq")
+		}
+	})
+	during := enqueue(t, rg.pool, events(20, "test.outage")...)
+	time.Sleep(3 * time.Second)
+	require.Equal(t, 20, unprocessed(t, rg.pool), "nothing is marked while the broker is down")
+	require.Equal(t, 1, logs.count("unavailable"), "the outage is logged once, not per batch")
+	// Backing off: 2 loops, ≥100 ms pauses plus up to 1 s publish timeouts
+	// allow a few dozen failed batches in 3 s; spinning would make thousands.
+	require.Less(t, failedBatches.Load(), int64(80))
+	require.Positive(t, failedBatches.Load())
+
+	testenv.Services(t, "start", "rabbitmq")
+	restarted = true
+	require.Eventually(t, func() bool { return unprocessed(t, rg.pool) == 0 }, 60*time.Second, 50*time.Millisecond)
+	require.Equal(t, 1, logs.count("publishing again"))
+	stop()
+
+	counts, _ := collect(t, rg.b, rg.queue, 30, 300*time.Millisecond)
+	for _, id := range idStrings(append(before, during...)) {
+		require.GreaterOrEqual(t, counts[id], 1, id)
+	}
+	st, err := outbox.ReadStats(ctx, rg.pool)
+	require.NoError(t, err)
+	require.Zero(t, st.Unprocessed)
+}

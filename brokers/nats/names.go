@@ -53,7 +53,7 @@ func namesFor(exchange string) names {
 	return names{stream: s, dlqStream: s + "-dlq"}
 }
 
-func (n names) eventSubject(typ string) string   { return n.stream + "." + typ }
+func (n names) eventSubject(typ string) string    { return n.stream + "." + typ }
 func (n names) replaySubject(queue string) string { return n.stream + "-replay." + encodeName(queue) }
 func (n names) dlqSubject(queue string) string    { return n.dlqStream + "." + encodeName(queue) }
 func (n names) streamSubjects() []string {

@@ -2,7 +2,6 @@ package nats
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -38,11 +37,12 @@ type subscription struct {
 	waiters  int
 	inflight int // handed out unsettled + buffered + requested from the server
 	fetching bool
-	failing  bool // the last fetch failed (logged once per failure streak)
+	fetchSub *natsgo.Subscription // inbox of the pull request running
+	failing  bool                 // the last fetch failed (logged once per failure streak)
 }
 
 type buffered struct {
-	msg jetstream.Msg
+	msg *natsgo.Msg
 	at  time.Time
 }
 
@@ -122,29 +122,13 @@ func (s *subscription) maybeFetchLocked() {
 	go s.fetch(n)
 }
 
-// fetch pulls up to n messages into the buffer.
+// fetch sends one pull request for up to n messages, on an inbox of its
+// own, and moves what arrives into the buffer until n messages arrived,
+// the server ends the request (408 when its PullWait expired) or the
+// subscription closes. shutdown unsubscribes the inbox, so the server
+// stops delivering to a request nobody listens to any more.
 func (s *subscription) fetch(n int) {
-	got := 0
-	batch, err := s.cons.Fetch(n, jetstream.FetchMaxWait(s.b.cfg.PullWait))
-	if err == nil {
-		for m := range batch.Messages() {
-			got++
-			s.mu.Lock()
-			if s.closed {
-				s.inflight--
-				s.mu.Unlock()
-				_ = m.Nak() // returned at once to the server
-				continue
-			}
-			s.buffer = append(s.buffer, buffered{msg: m, at: time.Now()})
-			s.broadcastLocked()
-			s.mu.Unlock()
-		}
-		err = batch.Error()
-	}
-	if err != nil && (errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)) {
-		err = nil
-	}
+	got, err := s.pull(n)
 	if err != nil {
 		s.mu.Lock()
 		first := !s.failing
@@ -169,6 +153,92 @@ func (s *subscription) fetch(n int) {
 	s.fetching = false
 	s.broadcastLocked()
 	s.mu.Unlock()
+}
+
+// pull runs one pull request; it returns how many messages it took.
+func (s *subscription) pull(n int) (int, error) {
+	nc := s.b.nc
+	ch := make(chan *natsgo.Msg, n+8)
+	inbox := nc.NewInbox()
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = sub.Unsubscribe()
+		return 0, nil
+	}
+	s.fetchSub = sub
+	s.mu.Unlock()
+	got := 0
+	defer func() {
+		s.mu.Lock()
+		s.fetchSub = nil
+		s.mu.Unlock()
+		_ = sub.Unsubscribe()
+		for { // delivered before the unsubscribe: hand back at once
+			select {
+			case m := <-ch:
+				if m.Reply != "" { // a message, not a status
+					s.mu.Lock()
+					s.inflight--
+					s.mu.Unlock()
+					got++
+					_ = m.Respond([]byte("-NAK"))
+				}
+				continue
+			default:
+			}
+			return
+		}
+	}()
+	wait := s.b.cfg.PullWait
+	req := fmt.Appendf(nil, `{"batch":%d,"expires":%d}`, n, wait.Nanoseconds())
+	subject := "$JS.API.CONSUMER.MSG.NEXT." + s.d.names.stream + "." + s.qi.consumer
+	if err := nc.PublishRequest(subject, inbox, req); err != nil {
+		return got, err
+	}
+	timer := time.NewTimer(wait + time.Second)
+	defer timer.Stop()
+	for got < n {
+		select {
+		case m := <-ch:
+			if m.Reply == "" { // a status message of the pull request
+				status := m.Header.Get("Status")
+				switch status {
+				case "408", "404", "100": // request expired, no messages, heartbeat
+					if status == "100" {
+						continue
+					}
+					return got, nil
+				case "503":
+					return got, fmt.Errorf("no responders: JetStream not ready or stream %s missing", s.d.names.stream)
+				default:
+					return got, fmt.Errorf("pull request ended: %s %s", status, m.Header.Get("Description"))
+				}
+			}
+			got++
+			s.mu.Lock()
+			if s.closed {
+				s.inflight--
+				s.mu.Unlock()
+				_ = m.Respond([]byte("-NAK")) // returned at once to the server
+				continue
+			}
+			s.buffer = append(s.buffer, buffered{msg: m, at: time.Now()})
+			s.broadcastLocked()
+			s.mu.Unlock()
+		case <-timer.C:
+			return got, nil // no answer (e.g. disconnected): pull again
+		case <-s.done:
+			return got, nil
+		case <-s.b.closeCh:
+			return got, nil
+		}
+	}
+	return got, nil
 }
 
 // release frees a prefetch slot after a delivery was settled.
@@ -198,31 +268,36 @@ func (s *subscription) shutdown() {
 	buf := s.buffer
 	s.buffer = nil
 	s.inflight -= len(buf)
+	if s.fetchSub != nil {
+		// Unsubscribed before the Naks below are sent (one connection keeps
+		// the order), so the server does not hand them to this request.
+		_ = s.fetchSub.Unsubscribe()
+	}
 	close(s.done)
 	s.broadcastLocked()
 	s.mu.Unlock()
 	for _, e := range buf {
-		_ = e.msg.Nak()
+		_ = e.msg.Respond([]byte("-NAK"))
 	}
 }
 
 // delivery is one handed-out message.
 type delivery struct {
-	s    *subscription
-	msg  jetstream.Msg
-	m    *broker.Message
-	key  noteKey
-	mu   sync.Mutex
-	done bool // settled
+	s     *subscription
+	msg   *natsgo.Msg
+	m     *broker.Message
+	key   noteKey
+	mu    sync.Mutex
+	done  bool // settled
 	freed bool
 }
 
-func (s *subscription) newDelivery(jm jetstream.Msg) (*delivery, error) {
+func (s *subscription) newDelivery(jm *natsgo.Msg) (*delivery, error) {
 	md, err := jm.Metadata()
 	if err != nil {
 		return nil, err
 	}
-	m := fromWire(jm.Subject(), s.d.names.stream+".", jm.Headers(), jm.Data())
+	m := fromWire(jm.Subject, s.d.names.stream+".", jm.Header, jm.Data)
 	m.Attempt = int(md.NumDelivered)
 	if m.Attempt < 1 {
 		m.Attempt = 1
@@ -281,7 +356,7 @@ func (d *delivery) settle(ctx context.Context, what string, body []byte, final b
 func (d *delivery) request(ctx context.Context, body []byte) error {
 	ctx, cancel := withDefaultTimeout(ctx, d.s.b.cfg.SettleTimeout)
 	defer cancel()
-	_, err := d.s.b.nc.RequestWithContext(ctx, d.msg.Reply(), body)
+	_, err := d.s.b.nc.RequestWithContext(ctx, d.msg.Reply, body)
 	return err
 }
 
@@ -389,7 +464,7 @@ func (d *delivery) returnToServer() {
 		return
 	}
 	d.done = true
-	_ = d.s.b.nc.Publish(d.msg.Reply(), []byte("-NAK"))
+	_ = d.s.b.nc.Publish(d.msg.Reply, []byte("-NAK"))
 }
 
 // noteKey identifies one message in one queue.

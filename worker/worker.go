@@ -243,9 +243,9 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{cfg: cfg, policy: cfg.Policy, caps: caps, log: cfg.Logger.With("consumer", cfg.Consumer, "queue", cfg.Queue)}
-	if max := int(cfg.Pool.Stat().MaxConns()); max < cfg.Concurrency {
+	if conns := int(cfg.Pool.Stat().MaxConns()); conns < cfg.Concurrency {
 		w.log.Warn("worker: database pool smaller than Concurrency; handlers will wait for connections",
-			"pool_max_conns", max, "concurrency", cfg.Concurrency)
+			"pool_max_conns", conns, "concurrency", cfg.Concurrency)
 	}
 	if hasTopology && !caps.NativeDelay {
 		q, _ := cfg.Topology.Queue(cfg.Queue)

@@ -143,7 +143,7 @@ func startEmbeddedPGAsNobody(ctx context.Context, dataDir string, port int, log 
 			return nil, fmt.Errorf("ferry: embedded PostgreSQL: %w", err)
 		}
 		_ = os.Chown(pw, int(uid), int(gid))
-		err := run(ctx, "initdb", "-A", "password", "-U", "ferry", "-D", pgData, "--pwfile="+pw, "-E", "UTF8", "--no-instructions")
+		err := run(ctx, "initdb", "-A", "password", "-U", "ferry", "-D", pgData, "--pwfile="+pw, "-E", "UTF8", "--no-instructions", "--no-sync")
 		_ = os.Remove(pw)
 		if err != nil {
 			cleanup()
@@ -151,7 +151,9 @@ func startEmbeddedPGAsNobody(ctx context.Context, dataDir string, port int, log 
 		}
 	}
 	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=200", port)
-	if err := run(ctx, "pg_ctl", "start", "-w", "-t", "120", "-D", pgData, "-l", filepath.Join(pgData, "server.log"), "-o", opts); err != nil {
+	// pg_ctl start is not cancelled with ctx: killed while it waits, it
+	// would leave the server it forked running with nobody to stop it.
+	if err := run(context.WithoutCancel(ctx), "pg_ctl", "start", "-w", "-t", "120", "-D", pgData, "-l", filepath.Join(pgData, "server.log"), "-o", opts); err != nil {
 		cleanup()
 		return nil, err
 	}
@@ -161,6 +163,10 @@ func startEmbeddedPGAsNobody(ctx context.Context, dataDir string, port int, log 
 		err := run(ctx, "pg_ctl", "stop", "-w", "-m", "fast", "-D", pgData)
 		cleanup()
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		_ = stop()
+		return nil, err
 	}
 	url := fmt.Sprintf("postgres://ferry:ferry@127.0.0.1:%d/ferry?sslmode=disable", port)
 	if err := createDatabaseIfMissing(ctx, fmt.Sprintf("postgres://ferry:ferry@127.0.0.1:%d/postgres?sslmode=disable", port), "ferry"); err != nil {

@@ -204,7 +204,7 @@ func runStack(c *cli.Context, f func(context.Context, *stack) error) error {
 	}
 	st, err := openStack(c.Context, s, log, false)
 	if err != nil {
-		return err
+		return ignoreStopped(c.Context, err)
 	}
 	defer st.close()
 	return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, func(ctx context.Context) error { return f(ctx, st) }))
@@ -224,12 +224,12 @@ func runCommand() *cli.Command {
 			defer stops.stop()
 			w, err := startEmbedded(c.Context, s, log, &stops)
 			if err != nil {
-				return err
+				return ignoreStopped(c.Context, err)
 			}
 			log.Info("ferry run", "database", w.database, "broker", w.broker, "smtp", w.smtp)
 			st, err := openStack(c.Context, s, log, true)
 			if err != nil {
-				return err
+				return ignoreStopped(c.Context, err)
 			}
 			defer st.close()
 			return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, st.runAll))

@@ -287,6 +287,16 @@ func (st *stack) runAll(ctx context.Context) error {
 	return g.Wait()
 }
 
+// ignoreStopped returns nil when ctx was cancelled (SIGINT/SIGTERM)
+// while a command was still starting: whatever failed then failed
+// because of the stop, which is a graceful exit.
+func ignoreStopped(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
 func ignoreCanceled(ctx context.Context, err error) error {
 	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		return nil

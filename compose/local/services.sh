@@ -10,13 +10,14 @@
 #   compose/local/services.sh restart [NAME...]
 #   compose/local/services.sh status [NAME...]  what runs where
 #   compose/local/services.sh env    [NAME...]  export FERRY_...=... lines for eval
+#   compose/local/services.sh reset  [NAME...]  stop and delete data, logs and ports
 #   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
 #
 # NAME is one of: postgres rabbitmq smtp nats (none = all).
 #
 # State (data, logs, pid files, chosen ports) lives in compose/local/.state/
-# (git-ignored; override with FERRY_STATE_DIR). Delete it after `down` to
-# start from scratch. Every command is idempotent. When a default port is
+# (git-ignored; override with FERRY_STATE_DIR); `reset` deletes it, to start
+# from scratch. Every command is idempotent. When a default port is
 # taken by a program that is not ours, another free port is chosen and
 # `env` reports it.
 set -euo pipefail
@@ -40,7 +41,6 @@ DEF_SMTP_HTTP=8025
 DEF_NATS=4222
 DEF_NATS_HTTP=8222
 
-RMQ_NODE=${FERRY_RABBITMQ_NODENAME:-ferry@localhost}
 RMQ_BIN=/usr/lib/rabbitmq/bin
 START_TIMEOUT=${FERRY_SERVICES_TIMEOUT:-180} # seconds to wait for a server to be ready
 
@@ -55,7 +55,7 @@ die() {
 is_root() { [ "$(id -u)" = 0 ]; }
 
 usage() {
-	sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -116,6 +116,11 @@ choose_port() {
 pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
 pidfile_pid() { head -n1 "$1" 2>/dev/null | tr -dc 0-9 || true; }
 
+# CLOSE_FDS, at the start of a `bash -c` script, closes every descriptor
+# above 2 it inherited (our lock, a caller's pipes): a server must not keep
+# them open for its whole life.
+CLOSE_FDS='for fd in /proc/$$/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"; done 2>/dev/null; '
+
 # spawn NAME PIDFILE LOG CMD...: start CMD detached (own session, stdin
 # from /dev/null, output to LOG) and record its pid. It never holds the
 # caller's stdout, so `go test` calling us does not hang.
@@ -123,7 +128,7 @@ spawn() {
 	local pidfile=$2 log=$3
 	shift 3
 	rm -f "$pidfile"
-	setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
+	setsid bash -c "$CLOSE_FDS"'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 &
 	for _ in $(seq 50); do [ -s "$pidfile" ] && return 0; sleep 0.1; done
 	die "could not start $*"
 }
@@ -323,7 +328,7 @@ start_postgres() {
 		as_pg touch "$PGLOG"
 		ln -sfn "$PGLOG" "$STATE/postgres.log"
 		say "postgres: starting on 127.0.0.1:$port"
-		as_pg "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "-p $port" start </dev/null >/dev/null 2>&1 9>&- ||
+		as_pg bash -c "$CLOSE_FDS"'exec "$@"' pg_ctl "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "-p $port" start </dev/null >/dev/null 2>&1 ||
 			fail_start postgres "$PGLOG" "pg_ctl start failed"
 	fi
 	# Provision: role ferry/ferry (may create databases: tests do) and
@@ -371,7 +376,20 @@ RMQ_PIDFILE=$RMQ_DIR/rabbit.pid
 RMQ_LOG=$STATE/rabbitmq.log
 RMQ_AUTH=Z3Vlc3Q6Z3Vlc3Q= # guest:guest
 
+# rmq_node: the node's name, kept in the state so it never changes under
+# its data; unique per state folder, so two checkouts can run side by side.
+rmq_node() {
+	if [ -n "${FERRY_RABBITMQ_NODENAME:-}" ]; then
+		echo "$FERRY_RABBITMQ_NODENAME"
+	elif [ -s "$RMQ_DIR/nodename" ]; then
+		cat "$RMQ_DIR/nodename"
+	else
+		echo "ferry-$(printf '%s' "$STATE" | cksum | cut -d' ' -f1)@localhost"
+	fi
+}
+
 rmq_env() {
+	RMQ_NODE=$(rmq_node)
 	export RABBITMQ_NODENAME=$RMQ_NODE
 	export RABBITMQ_USE_LONGNAME=false
 	export RABBITMQ_CONF_ENV_FILE=$RMQ_DIR/rabbitmq-env.conf
@@ -418,10 +436,11 @@ management.tcp.ip = 127.0.0.1
 management.tcp.port = $http
 EOF
 		rmq_env
+		echo "$RMQ_NODE" >"$RMQ_DIR/nodename"
 		export RABBITMQ_DIST_PORT=$dist
 		export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 		# epmd first, detached, so no CLI call leaves it holding our stdout.
-		command -v epmd >/dev/null && epmd -daemon </dev/null >/dev/null 2>&1 9>&- || true
+		command -v epmd >/dev/null && bash -c "$CLOSE_FDS"'exec epmd -daemon' </dev/null >/dev/null 2>&1 || true
 		say "rabbitmq: starting node $RMQ_NODE on 127.0.0.1:$amqp (management :$http)"
 		spawn rabbitmq "$RMQ_DIR/wrapper.pid" "$STATE/rabbitmq.out" "$RMQ_BIN/rabbitmq-server"
 	fi
@@ -452,7 +471,7 @@ status_rabbitmq() {
 	if [ -n "$pid" ]; then
 		local r=starting
 		rmq_ready && r=running
-		echo "$r  pid $pid  amqp 127.0.0.1:$(saved_port rabbitmq)  management http://127.0.0.1:$(saved_port rabbitmq-management)  node $RMQ_NODE"
+		echo "$r  pid $pid  amqp 127.0.0.1:$(saved_port rabbitmq)  management http://127.0.0.1:$(saved_port rabbitmq-management)  node $(rmq_node)"
 	else
 		echo "stopped"
 	fi
@@ -587,6 +606,17 @@ status_nats() {
 
 env_nats() { echo "export FERRY_NATS_URL=nats://127.0.0.1:$(saved_port nats)"; }
 
+# ------------------------------------------------------------ reset
+
+# reset_NAME: forget a stopped server's data, ports and logs.
+reset_postgres() {
+	if pg_vars && [ "$PGHOME" != "$STATE/postgres" ]; then rm -rf "$PGHOME"; fi
+	rm -rf "$STATE/postgres" "$STATE/postgres.log" "$STATE/postgres-init.log" "$STATE/ports/postgres"
+}
+reset_rabbitmq() { rm -rf "$RMQ_DIR" "$RMQ_LOG" "$STATE/rabbitmq.out" "$STATE"/ports/rabbitmq*; }
+reset_smtp() { rm -rf "$STATE/mailpit" "$STATE/smtp.log" "$SMTP_PIDFILE" "$STATE"/ports/smtp*; }
+reset_nats() { rm -rf "$STATE/nats" "$STATE/nats.log" "$NATS_PIDFILE" "$STATE"/ports/nats*; }
+
 # ------------------------------------------------------------ main
 
 running() { # NAME: true if the server's process is alive
@@ -643,6 +673,11 @@ down)
 		nats) rm -f "$STATE/ports/nats" "$STATE/ports/nats-monitor" ;;
 		esac
 	done
+	;;
+reset)
+	lock
+	for n in "${names[@]}"; do "stop_$n"; done
+	for n in "${names[@]}"; do reset_$n; done
 	;;
 restart)
 	lock

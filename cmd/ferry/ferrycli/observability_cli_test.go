@@ -1,0 +1,111 @@
+package ferrycli_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
+)
+
+// TestRelayAlertsAndServesMetricsWhileBrokerDown runs `ferry relay` against
+// a broker address where nothing listens: the outbox backlog cannot drain,
+// the built-in alert posts "firing" to the webhook, and GET /metrics on
+// --metrics-addr shows the backlog meanwhile.
+func TestRelayAlertsAndServesMetricsWhileBrokerDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dsn := testenv.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "notification.requested", Body: []byte("{}")},
+		outbox.Event{Type: "notification.requested", Body: []byte("{}")})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	var mu sync.Mutex
+	var posts []map[string]any
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		posts = append(posts, body)
+		mu.Unlock()
+	}))
+	defer hook.Close()
+
+	free := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	metricsAddr, deadBroker := free(), free()
+
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	var stderr strings.Builder
+	go func() {
+		done <- ferrycli.Main(rctx, []string{"ferry", "relay",
+			"--database-url", dsn, "--broker", "rabbitmq", "--rabbitmq-url", "amqp://guest:guest@" + deadBroker + "/",
+			"--metrics-addr", metricsAddr,
+			"--alert-threshold", "1", "--alert-for", "100ms", "--alert-interval", "50ms",
+			"--alert-webhook-url", hook.URL,
+		}, io.Discard, &lockedWriter{w: &stderr})
+	}()
+
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(posts) >= 1
+	}, 30*time.Second, 20*time.Millisecond, "no alert posted")
+	mu.Lock()
+	require.Len(t, posts, 1, "sent once, not on every tick")
+	require.Equal(t, "firing", posts[0]["status"])
+	require.Equal(t, 2.0, posts[0]["unprocessed_rows"])
+	mu.Unlock()
+
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `ferry_outbox_unprocessed_rows{broker="rabbitmq"} 2`)
+
+	stop()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("ferry relay did not stop")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, posts, 1)
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -27,6 +27,10 @@ const (
 	hdrType = "Ferry-Type"
 	// hdrKey carries Message.Key when it is not empty.
 	hdrKey = "Ferry-Key"
+	// hdrEncoded lists (one value per name) the headers whose value is
+	// base64-encoded because it has leading or trailing blanks, which NATS
+	// would trim.
+	hdrEncoded = "Ferry-B64"
 )
 
 // headerReserve is the part of the server's max_payload kept back from

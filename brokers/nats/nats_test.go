@@ -355,3 +355,31 @@ func TestMessageOfMaxSizeDeadLetters(t *testing.T) {
 	require.Equal(t, len(m.Body), len(list[0].Message.Body))
 	require.Equal(t, 2, list[0].Message.Attempt)
 }
+
+// TestHeaderRoundTrip: NATS trims blanks around header values; the
+// adapter keeps them (ID, Key and headers arrive exactly as published, also
+// through the DLQ).
+func TestHeaderRoundTrip(t *testing.T) {
+	t.Parallel()
+	tp := topology("nats-hdr", "evt.hdr")
+	b := declared(t, tp)
+	sub, err := b.Subscribe(ctxFor(t, 10*time.Second), tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.NoError(t, err)
+	defer sub.Close()
+	h := map[string]string{"sp": "  spaced  ", "empty": "", "tab": "a\tb\t", "Upper-Case": "X", "colon": "a: b", "uni": "é✓"}
+	require.NoError(t, b.Publish(ctxFor(t, 10*time.Second), []*broker.Message{{ID: " 1 ", Type: "evt.hdr", Key: " k ", Headers: h}}))
+	d := receive(t, sub, 10*time.Second)
+	require.Equal(t, h, d.Message().Headers)
+	require.Equal(t, " k ", d.Message().Key)
+	require.Equal(t, " 1 ", d.Message().ID)
+	require.NoError(t, d.DeadLetter(ctxFor(t, 10*time.Second), " reason "))
+	dlq, err := b.DLQ(tp.Queues[0].Name)
+	require.NoError(t, err)
+	list, err := dlq.List(ctxFor(t, 10*time.Second), 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, " 1 ", list[0].Message.ID)
+	require.Equal(t, " k ", list[0].Message.Key)
+	require.Equal(t, " reason ", list[0].LastError)
+	require.Equal(t, "  spaced  ", list[0].Message.Headers["sp"])
+}

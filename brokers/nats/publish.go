@@ -2,6 +2,7 @@ package nats
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"sort"
@@ -176,22 +177,34 @@ func (b *natsBroker) toWire(d *declared, m *broker.Message) (*natsgo.Msg, error)
 
 // wireHeaders validates m's headers and returns them with the adapter's
 // ID, Type and Key headers. Header names starting with "Nats-" or
-// "Ferry-" are reserved.
+// "Ferry-" are reserved. NATS trims leading and trailing blanks of header
+// values, so a value (or ID or Key) that has them is sent base64-encoded
+// and its header name listed in hdrEncoded; fromWire decodes it.
 func wireHeaders(m *broker.Message) (natsgo.Header, error) {
 	h := make(natsgo.Header, len(m.Headers)+4)
+	set := func(k, v string) {
+		if v != strings.Trim(v, " \t") {
+			h[hdrEncoded] = append(h[hdrEncoded], k)
+			v = base64.StdEncoding.EncodeToString([]byte(v))
+		}
+		h[k] = []string{v}
+	}
 	for k, v := range m.Headers {
 		if err := validHeader(k, v); err != nil {
 			return nil, fmt.Errorf("nats: publish %s: %w", m.ID, err)
 		}
-		h[k] = []string{v}
+		set(k, v)
 	}
-	h[hdrID] = []string{m.ID}
+	if strings.ContainsAny(m.ID, "\r\n") {
+		return nil, fmt.Errorf("nats: publish: ID %q: must not contain CR or LF", m.ID)
+	}
+	set(hdrID, m.ID)
 	h[hdrType] = []string{m.Type}
 	if m.Key != "" {
 		if strings.ContainsAny(m.Key, "\r\n") {
 			return nil, fmt.Errorf("nats: publish %s: Key %q: must not contain CR or LF", m.ID, m.Key)
 		}
-		h[hdrKey] = []string{m.Key}
+		set(hdrKey, m.Key)
 	}
 	return h, nil
 }
@@ -236,23 +249,33 @@ func wireSize(m *natsgo.Msg) int {
 // dropped, the others are the message's headers (nil when none).
 func fromWire(subject, eventPrefix string, h natsgo.Header, data []byte) *broker.Message {
 	m := &broker.Message{Body: data}
+	encoded := map[string]bool{}
+	for _, k := range h[hdrEncoded] {
+		encoded[k] = true
+	}
 	for k, vs := range h {
 		if len(vs) == 0 {
 			continue
 		}
+		v := vs[0]
+		if encoded[k] {
+			if b, err := base64.StdEncoding.DecodeString(v); err == nil {
+				v = string(b)
+			}
+		}
 		switch {
 		case k == hdrID:
-			m.ID = vs[0]
+			m.ID = v
 		case k == hdrType:
-			m.Type = vs[0]
+			m.Type = v
 		case k == hdrKey:
-			m.Key = vs[0]
+			m.Key = v
 		case strings.HasPrefix(strings.ToLower(k), "nats-"), strings.HasPrefix(strings.ToLower(k), "ferry-"):
 		default:
 			if m.Headers == nil {
 				m.Headers = map[string]string{}
 			}
-			m.Headers[k] = vs[0]
+			m.Headers[k] = v
 		}
 	}
 	if m.ID == "" {

@@ -284,7 +284,7 @@ pg_vars() {
 pg_pid() {
 	local pid
 	pid=$(pidfile_pid "$PGDATA_DIR/postmaster.pid")
-	pid_alive "$pid" && grep -qa postgres "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	pid_alive "$pid" && grep -qaF -- "$PGDATA_DIR" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
 	return 0
 }
 
@@ -405,7 +405,9 @@ rmq_env() {
 rmq_pid() {
 	local pid
 	pid=$(pidfile_pid "$RMQ_PIDFILE")
-	pid_alive "$pid" && grep -qa beam "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	# Ours: a beam whose environment names our data folder.
+	pid_alive "$pid" && grep -qa beam "/proc/$pid/cmdline" 2>/dev/null &&
+		grep -qaF -- "RABBITMQ_MNESIA_BASE=$RMQ_DIR/mnesia" "/proc/$pid/environ" 2>/dev/null && echo "$pid"
 	return 0
 }
 
@@ -489,7 +491,7 @@ SMTP_PIDFILE=$STATE/smtp.pid
 smtp_pid() {
 	local pid
 	pid=$(pidfile_pid "$SMTP_PIDFILE")
-	pid_alive "$pid" && grep -qa mailpit "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	pid_alive "$pid" && grep -qaF -- "$STATE/mailpit/" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
 	return 0
 }
 
@@ -554,7 +556,7 @@ NATS_PIDFILE=$STATE/nats.pid
 nats_pid() {
 	local pid
 	pid=$(pidfile_pid "$NATS_PIDFILE")
-	pid_alive "$pid" && grep -qa nats-server "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	pid_alive "$pid" && grep -qaF -- "$STATE/nats" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
 	return 0
 }
 

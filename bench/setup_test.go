@@ -1,0 +1,449 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/nats"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// eventType is the routing key of every benchmark event (the sample app's).
+const eventType = app.EventNotificationRequested
+
+// bodyBytes is the size of every event body. With the ID, type, key and
+// headers (traceparent, created-at) a message is about 300 bytes.
+const bodyBytes = 160
+
+// traceparent is carried by every event, as the sample app's API does.
+const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// kinds are the brokers every benchmark runs on.
+var kinds = []string{"rabbitmq", "nats"}
+
+// settings are the tunables, all public configuration of ferry's packages.
+// Each can be overridden by an environment variable (named in envInt) to
+// explore without editing the file.
+type settings struct {
+	events          int // events per throughput run
+	producers       int // concurrent producers (one event per transaction)
+	relayBatch      int // outbox.RelayConfig.BatchSize
+	relayConc       int // outbox.RelayConfig.Concurrency
+	publishChannels int // rabbitmq.Config.PublishChannels
+	workerConc      int // worker.Config.Concurrency
+	workerPrefetch  int // worker.Config.Prefetch
+	latencyEvents   int // events of the latency run
+	latencyRate     int // events/s of the latency run
+}
+
+func loadSettings() settings {
+	return settings{
+		events:          envInt("FERRY_BENCH_EVENTS", 20000),
+		producers:       envInt("FERRY_BENCH_PRODUCERS", 4),
+		relayBatch:      envInt("FERRY_BENCH_RELAY_BATCH", 100),
+		relayConc:       envInt("FERRY_BENCH_RELAY_CONCURRENCY", 4),
+		publishChannels: envInt("FERRY_BENCH_PUBLISH_CHANNELS", 4),
+		workerConc:      envInt("FERRY_BENCH_WORKER_CONCURRENCY", 20),
+		workerPrefetch:  envInt("FERRY_BENCH_WORKER_PREFETCH", 0),
+		latencyEvents:   envInt("FERRY_BENCH_LATENCY_EVENTS", 2000),
+		latencyRate:     envInt("FERRY_BENCH_LATENCY_RATE", 200),
+	}
+}
+
+func (s settings) String() string {
+	prefetch := "2xConcurrency"
+	if s.workerPrefetch > 0 {
+		prefetch = strconv.Itoa(s.workerPrefetch)
+	}
+	return fmt.Sprintf("relay BatchSize=%d Concurrency=%d (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s (pool %d conns); producers=%d (pool %d conns)",
+		s.relayBatch, s.relayConc, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerConc+2, s.producers, s.producers)
+}
+
+func envInt(name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		panic(fmt.Sprintf("bench: %s=%q: want a positive integer", name, v))
+	}
+	return n
+}
+
+// quietLogger drops the relay's and worker's info lines (start, stop) so
+// the figures stand out; warnings and errors still show.
+var quietLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+func benchCtx(b *testing.B) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	b.Cleanup(cancel)
+	return ctx
+}
+
+// database is a fresh, migrated database (outbox and the app's
+// notifications table) and its URL.
+type database struct {
+	pool *pgxpool.Pool // small admin pool from testenv.NewPool
+	dsn  string
+}
+
+func newDatabase(b *testing.B) database {
+	b.Helper()
+	ctx := benchCtx(b)
+	pool, dsn := testenv.NewPool(b)
+	must(b, outbox.Migrate(ctx, pool))
+	must(b, app.Migrate(ctx, pool))
+	return database{pool: pool, dsn: dsn}
+}
+
+// newPool opens a pool of at most maxConns connections on the database,
+// closed when the benchmark ends.
+func (d database) newPool(b *testing.B, maxConns int) *pgxpool.Pool {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	must(b, err)
+	cfg.MaxConns = int32(maxConns)
+	cfg.MinConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(benchCtx(b), cfg)
+	must(b, err)
+	b.Cleanup(pool.Close)
+	// Open every connection now, so the measurement does not include
+	// connection set-up.
+	conns := make([]*pgxpool.Conn, 0, maxConns)
+	for range maxConns {
+		c, err := pool.Acquire(benchCtx(b))
+		must(b, err)
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	return pool
+}
+
+// newTopology returns a one-queue topology with unique names, removed from
+// the broker when the benchmark ends.
+func newTopology(b *testing.B, kind string) broker.Topology {
+	ex := testenv.UniqueName("bench")
+	tp := broker.Topology{Exchange: ex, Queues: []broker.Queue{{
+		Name: ex + ".send", Bindings: []string{eventType}, RetryDelays: []time.Duration{time.Second},
+	}}}
+	b.Cleanup(func() { deleteTopology(b, kind, tp) })
+	return tp
+}
+
+// newBroker connects an adapter, declares tp on it and closes it when the
+// benchmark ends. Each role (relay, worker) gets its own, as separate
+// processes would.
+func newBroker(b *testing.B, kind string, tp broker.Topology, s settings) broker.Broker {
+	b.Helper()
+	ctx := benchCtx(b)
+	var (
+		br  broker.Broker
+		err error
+	)
+	switch kind {
+	case "rabbitmq":
+		testenv.RequireTCP(b, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
+		br, err = rabbitmq.New(ctx, rabbitmq.Config{URL: testenv.RabbitMQURL(), PublishChannels: s.publishChannels, Logger: quietLogger})
+	case "nats":
+		testenv.RequireTCP(b, "nats", testenv.HostPort(testenv.NATSURL()))
+		br, err = nats.New(ctx, nats.Config{URL: testenv.NATSURL(), Logger: quietLogger})
+	default:
+		b.Fatalf("bench: unknown broker %q", kind)
+	}
+	must(b, err)
+	b.Cleanup(func() { _ = br.Close() })
+	must(b, br.Declare(ctx, tp))
+	return br
+}
+
+func deleteTopology(b *testing.B, kind string, tp broker.Topology) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	switch kind {
+	case "rabbitmq":
+		conn, err := amqp.Dial(testenv.RabbitMQURL())
+		if err != nil {
+			b.Logf("bench: delete topology: %v", err)
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			b.Logf("bench: delete topology: %v", err)
+			return
+		}
+		for _, q := range tp.Queues {
+			names := []string{q.Name, broker.DLQName(q.Name)}
+			for i := range q.Delays() {
+				names = append(names, fmt.Sprintf("%s.retry.%d", q.Name, i))
+			}
+			for _, n := range names {
+				if _, err := ch.QueueDelete(n, false, false, false); err != nil {
+					b.Logf("bench: delete queue %s: %v", n, err)
+					return
+				}
+			}
+		}
+		if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
+			b.Logf("bench: delete exchange %s: %v", tp.Exchange, err)
+		}
+	case "nats":
+		nc, err := natsgo.Connect(testenv.NATSURL())
+		if err != nil {
+			b.Logf("bench: delete topology: %v", err)
+			return
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			b.Logf("bench: delete topology: %v", err)
+			return
+		}
+		for _, s := range []string{nats.StreamName(tp.Exchange), nats.StreamName(tp.Exchange) + "-dlq"} {
+			if err := js.DeleteStream(ctx, s); err != nil && !strings.Contains(err.Error(), "not found") {
+				b.Logf("bench: delete stream %s: %v", s, err)
+			}
+		}
+	}
+}
+
+// purgeQueues empties the work queue (RabbitMQ) or the stream (NATS)
+// between the phases of a benchmark, so each phase starts from the same
+// broker state.
+func purgeQueues(b *testing.B, kind string, tp broker.Topology) {
+	b.Helper()
+	ctx := benchCtx(b)
+	switch kind {
+	case "rabbitmq":
+		conn, err := amqp.Dial(testenv.RabbitMQURL())
+		must(b, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		must(b, err)
+		_, err = ch.QueuePurge(tp.Queues[0].Name, false)
+		must(b, err)
+	case "nats":
+		nc, err := natsgo.Connect(testenv.NATSURL())
+		must(b, err)
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		must(b, err)
+		st, err := js.Stream(ctx, nats.StreamName(tp.Exchange))
+		must(b, err)
+		must(b, st.Purge(ctx))
+	}
+}
+
+// eventBody returns the JSON body of the event of notification id, padded
+// to bodyBytes.
+func eventBody(id int64) []byte {
+	head := fmt.Sprintf(`{"notification_id":"%d","user_id":"user-%d","channel":"email","subject":"Your weekly summary","pad":"`, id, id%100)
+	pad := max(bodyBytes-len(head)-2, 0)
+	return []byte(head + strings.Repeat("x", pad) + `"}`)
+}
+
+// notificationID reads notification_id from an event body.
+func notificationID(body []byte) (int64, error) {
+	var ev struct {
+		NotificationID string `json:"notification_id"`
+	}
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return 0, fmt.Errorf("bench: event body: %w", err)
+	}
+	id, err := strconv.ParseInt(ev.NotificationID, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("bench: notification_id %q: %w", ev.NotificationID, err)
+	}
+	return id, nil
+}
+
+// produce commits one business row (a pending notification) and its
+// outbox event in one transaction and returns the row's id.
+func produce(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var id int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
+		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
+		RETURNING id`, "user-bench").Scan(&id); err != nil {
+		return 0, fmt.Errorf("insert notification: %w", err)
+	}
+	ev := outbox.Event{Type: eventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: eventBody(id),
+		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
+	if _, err := outbox.Enqueue(ctx, tx, ev); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return id, nil
+}
+
+// produceBurst commits n events from the given number of concurrent
+// producers, one event per transaction, and returns the elapsed time.
+func produceBurst(ctx context.Context, pool *pgxpool.Pool, producers, n int) (time.Duration, error) {
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+	)
+	start := time.Now()
+	for range producers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := produce(ctx, pool); err != nil {
+					errOnce.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), first
+}
+
+// handler is the benchmark's worker.Handler: only database work, the
+// worker's dedup insert plus one status update of the business row, no
+// SMTP. onHandled, when set, is called with the notification id first.
+func handler(onHandled func(id int64)) worker.Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		id, err := notificationID(msg.Body)
+		if err != nil {
+			return worker.Permanent(err)
+		}
+		if onHandled != nil {
+			onHandled(id)
+		}
+		_, err = tx.Exec(ctx, `
+			UPDATE notifications
+			SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
+			WHERE id = $1`, id)
+		return err
+	}
+}
+
+// pipeline is a relay and a worker running on one database and broker
+// kind, each with its own pool and adapter.
+type pipeline struct {
+	acked atomic.Int64  // deliveries handled and acked (OutcomeAck)
+	dups  atomic.Int64  // deliveries dropped as duplicates
+	other atomic.Int64  // retries and dead letters (should stay 0)
+	done  chan struct{} // closed when acked reaches target
+	stop  func()        // stops both and waits for them
+}
+
+func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s settings, target int64, onHandled func(int64)) *pipeline {
+	b.Helper()
+	ctx := benchCtx(b)
+	p := &pipeline{done: make(chan struct{})}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		Pool: db.newPool(b, s.relayConc+2), Broker: newBroker(b, kind, tp, s),
+		BatchSize: s.relayBatch, Concurrency: s.relayConc, Retention: -1, Logger: quietLogger,
+	})
+	must(b, err)
+	w, err := worker.New(worker.Config{
+		Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp,
+		Pool: db.newPool(b, s.workerConc+2), Broker: newBroker(b, kind, tp, s), Handler: handler(onHandled),
+		Concurrency: s.workerConc, Prefetch: s.workerPrefetch, Logger: quietLogger,
+		OnOutcome: func(_ *broker.Message, o worker.Outcome, _ time.Duration) {
+			switch o {
+			case worker.OutcomeAck:
+				if p.acked.Add(1) == target {
+					close(p.done)
+				}
+			case worker.OutcomeDuplicate:
+				p.dups.Add(1)
+			default:
+				p.other.Add(1)
+			}
+		},
+	})
+	must(b, err)
+	rctx, cancel := context.WithCancel(ctx)
+	errs := make(chan error, 2)
+	go func() { errs <- relay.Run(rctx) }()
+	go func() { errs <- w.Run(rctx) }()
+	var once sync.Once
+	p.stop = func() {
+		once.Do(func() {
+			cancel()
+			for range 2 {
+				if err := <-errs; err != nil {
+					b.Errorf("bench: pipeline: %v", err)
+				}
+			}
+		})
+	}
+	b.Cleanup(p.stop)
+	return p
+}
+
+// wait blocks until the pipeline acked its target or timeout passed.
+func (p *pipeline) wait(b *testing.B, timeout time.Duration) {
+	b.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		b.Fatalf("bench: only %d events handled (%d duplicates, %d retried or dead) after %v", p.acked.Load(), p.dups.Load(), p.other.Load(), timeout)
+	}
+}
+
+// countSent returns how many business rows are marked sent.
+func countSent(b *testing.B, db database) int64 {
+	var n int64
+	must(b, db.pool.QueryRow(benchCtx(b), `SELECT count(*) FROM notifications WHERE status = 'sent'`).Scan(&n))
+	return n
+}
+
+// percentile returns the p-th percentile (0 < p <= 100) of sorted ds,
+// nearest rank.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*p/100+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func sortDurations(ds []time.Duration) []time.Duration {
+	slices.Sort(ds)
+	return ds
+}
+
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}

@@ -445,6 +445,12 @@ func (d *delivery) copyHeaders() amqp.Table {
 
 func (d *delivery) moveTo(ctx context.Context, op, queue string, h amqp.Table) error {
 	r := d.s.r
+	if d.cc.ch.IsClosed() {
+		// The delivery's channel is gone and RabbitMQ redelivers the
+		// message: a copy now would be a second attempt.
+		d.finish(false)
+		return fmt.Errorf("rabbitmq: %s %s: %w (the channel is gone; RabbitMQ redelivers the message)", op, d.msg.ID, r.closedErr(amqp.ErrClosed))
+	}
 	ctx, cancel := r.opContext(ctx)
 	defer cancel()
 	pub := amqp.Publishing{

@@ -164,6 +164,17 @@ func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, he
 	errs = make([]error, len(items))
 	dcs := make([]*amqp.DeferredConfirmation, len(items))
 	returned := make([]bool, len(items))
+	onReturn := func(ret amqp.Return) {
+		// Returns arrive in publish order, each before its message's ack;
+		// the first not yet returned item with the same id and routing key
+		// is the one.
+		for i := range items {
+			if dcs[i] != nil && !returned[i] && items[i].pub.MessageId == ret.MessageId && items[i].key == ret.RoutingKey {
+				returned[i] = true
+				return
+			}
+		}
+	}
 	var sendErr error
 	for i := range items {
 		it := &items[i]
@@ -176,19 +187,22 @@ func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, he
 			break
 		}
 		dcs[i] = dc
-	}
-	healthy = sendErr == nil
-	onReturn := func(ret amqp.Return) {
-		// Returns arrive in publish order, each before its message's ack;
-		// the first not yet returned item with the same id and routing key
-		// is the one.
-		for i := range items {
-			if dcs[i] != nil && !returned[i] && items[i].pub.MessageId == ret.MessageId && items[i].key == ret.RoutingKey {
-				returned[i] = true
-				return
+		// Take returns as they come, so amqp091's reader never waits on a
+		// full returns channel while this loop writes.
+	drain:
+		for {
+			select {
+			case ret, ok := <-pc.returns:
+				if !ok {
+					break drain
+				}
+				onReturn(ret)
+			default:
+				break drain
 			}
 		}
 	}
+	healthy = sendErr == nil
 	for i, dc := range dcs {
 		if dc == nil {
 			continue

@@ -402,3 +402,33 @@ func TestPublishInvalidMessages(t *testing.T) {
 	require.Len(t, failed, 5, "%v", err)
 	require.NotContains(t, failed, 1)
 }
+
+// TestManyUnroutable: more returns than the returns buffer holds, in one
+// batch, interleaved with routable messages; each is reported by index.
+func TestManyUnroutable(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	var batch []*broker.Message
+	for i := 0; i < 1500; i++ {
+		typ := "nobody.listens"
+		if i%3 == 0 {
+			typ = "order.created"
+		}
+		batch = append(batch, &broker.Message{ID: fmt.Sprint(i % 7), Type: typ, Body: make([]byte, 100)})
+	}
+	err := b.Publish(ctx, batch)
+	failed := broker.FailedIndexes(err, len(batch))
+	require.Len(t, failed, 1000)
+	for i := range batch {
+		if i%3 == 0 {
+			require.NotContains(t, failed, i)
+		} else {
+			require.ErrorIs(t, failed[i], broker.ErrUnroutable, "index %d", i)
+		}
+	}
+	// The adapter's channels are still fine.
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "ok", Type: "order.created"}}))
+}

@@ -48,6 +48,25 @@
 // redelivered. DLQ replay publishes to the queue's replay subject, so only
 // that queue gets the copy, and deletes the dead message afterwards.
 //
+// On the wire, Message.ID, Type and Key travel in the headers Ferry-Id,
+// Ferry-Type and Ferry-Key next to the message's own headers (names
+// starting with "Nats-" or "Ferry-" are reserved; values must not contain
+// CR or LF). NATS trims blanks around header values, so a value with
+// leading or trailing blanks travels base64-encoded (Ferry-B64 lists them)
+// and arrives unchanged.
+//
+// A Nak cannot carry headers: HeaderRetryCount on a redelivery is
+// NumDelivered-1, and HeaderLastError and HeaderFirstFailedAt are kept in
+// the memory of the broker that called Retry (bounded, per queue and
+// stream sequence) and set again when that broker receives the message
+// back. A redelivery to another process lacks them; the DLQ copy always
+// has the reason, because the worker passes it to DeadLetter.
+//
+// Prefetch is enforced per subscription by the adapter. The consumer's
+// MaxAckPending (Config.MaxAckPending, raised to the largest Prefetch
+// asked for) bounds the unacknowledged deliveries of the queue across all
+// its subscribers, and its AckWait is shared by them too.
+//
 // Order: a queue's consumer hands out messages in stream order, so with
 // one subscriber and no retries they arrive in publish order
 // (broker.OrderingQueue); a retried message comes back behind later ones.

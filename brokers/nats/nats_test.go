@@ -383,3 +383,50 @@ func TestHeaderRoundTrip(t *testing.T) {
 	require.Equal(t, " reason ", list[0].LastError)
 	require.Equal(t, "  spaced  ", list[0].Message.Headers["sp"])
 }
+
+// TestRestartKeepsRetriesAndDeadLetters: a message waiting for its retry
+// delay and a dead letter both survive a server restart (file storage),
+// and the subscription made before the restart receives the retry after
+// it. Not parallel: it stops the shared server.
+func TestRestartKeepsRetriesAndDeadLetters(t *testing.T) {
+	tp := topology("nats-restart", "evt.restart")
+	b := declared(t, tp)
+	sub, err := b.Subscribe(ctxFor(t, 10*time.Second), tp.Queues[0].Name, broker.SubscribeOptions{AckDeadline: 2 * time.Second})
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, b.Publish(ctxFor(t, 10*time.Second), []*broker.Message{
+		{ID: "later", Type: "evt.restart", Body: []byte("r")},
+		{ID: "dead", Type: "evt.restart", Body: []byte("d")},
+	}))
+	for i := 0; i < 2; i++ {
+		d := receive(t, sub, 10*time.Second)
+		if d.Message().ID == "later" {
+			require.NoError(t, d.Retry(ctxFor(t, 5*time.Second), 2*time.Second, "wait"))
+		} else {
+			require.NoError(t, d.DeadLetter(ctxFor(t, 5*time.Second), "gone"))
+		}
+	}
+	testenv.Services(t, "stop", "nats")
+	started := false
+	defer func() {
+		if !started {
+			testenv.Services(t, "start", "nats")
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	testenv.Services(t, "start", "nats")
+	started = true
+
+	d := receive(t, sub, 30*time.Second)
+	require.Equal(t, "later", d.Message().ID)
+	require.GreaterOrEqual(t, d.Message().Attempt, 2)
+	require.NoError(t, d.Ack(ctxFor(t, 10*time.Second)))
+	dlq, err := b.DLQ(tp.Queues[0].Name)
+	require.NoError(t, err)
+	list, err := dlq.List(ctxFor(t, 10*time.Second), 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "dead", list[0].Message.ID)
+	require.Equal(t, "gone", list[0].LastError)
+	receiveNone(t, sub, 3*time.Second)
+}

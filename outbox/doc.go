@@ -41,12 +41,26 @@
 //     too large, nacked) gets attempts+1 and last_error and is retried
 //     after an exponential backoff (next_attempt_at), forever; it never
 //     blocks the rows behind it. Such "parked" rows are listed by ReadStats.
-//     When the broker as a whole is unreachable the relay backs off and
-//     retries the batch.
+//     When the broker as a whole is unreachable (or a publish times out)
+//     the rows also get attempts+1 and last_error, but no per-row backoff:
+//     the relay pauses (100 ms doubling up to RelayConfig.MaxBackoff),
+//     logs once per outage, and retries the batch.
+//   - Rows are claimed by id, not by a high-water mark, so a row whose id
+//     is lower than an already published one (its transaction committed
+//     later) is still found.
 //   - Order: rows are published in id order within a batch, but concurrent
 //     claim loops, several relays and retried rows mean the broker may
 //     receive them out of order; ordering guarantees are only those of
 //     broker.Capabilities.Ordering on top of that.
+//
+// # Messages
+//
+// The relay publishes each row as a broker.Message with ID = the row id in
+// decimal, Type = event_type (the routing key), Key = partition_key, Body =
+// payload, and Headers = the row's headers (e.g. broker.HeaderTraceparent)
+// plus broker.HeaderCreatedAt = occurred_at. occurred_at defaults to now()
+// of the enqueuing transaction, i.e. its start, which precedes its commit
+// by the transaction's duration.
 //
 // # Latency
 //

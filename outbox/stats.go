@@ -20,7 +20,8 @@ type Stats struct {
 	// included).
 	Unprocessed int64
 	// OldestUnprocessedAge is how long ago the oldest unprocessed row was
-	// enqueued (by the database clock); 0 when there is none.
+	// enqueued (by the database clock; the oldest among the 1000 lowest
+	// unprocessed ids); 0 when there is none.
 	OldestUnprocessedAge time.Duration
 	// ProcessedLastMinute is the number of rows marked processed in the
 	// last minute.

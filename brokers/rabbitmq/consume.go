@@ -18,7 +18,10 @@ import (
 // channel of the consuming connection with basic.qos prefetch
 // opts.Prefetch (per consumer); AckDeadline is ignored: RabbitMQ waits for a
 // settlement until the channel closes (its consumer_timeout, 30 minutes by
-// default, closes channels that hold a delivery longer).
+// default, closes channels that hold a delivery longer). Subscribe waits
+// until the consumer is registered, at most 5s (or ctx); when the server is
+// unreachable or refuses the consumer it returns the subscription anyway,
+// which keeps trying every Config.ReconnectDelay.
 func (r *rabbit) Subscribe(ctx context.Context, queue string, opts broker.SubscribeOptions) (broker.Subscription, error) {
 	if r.closed.Load() {
 		return nil, broker.ErrClosed
@@ -131,7 +134,7 @@ func (s *subscription) run() {
 	defer close(s.done)
 	r := s.r
 	log := r.log.With("queue", s.q.Name)
-	tagSeq := 0
+	tagSeq, failures := 0, 0
 	for {
 		select {
 		case <-s.closed:
@@ -157,13 +160,17 @@ func (s *subscription) run() {
 		if err != nil {
 			s.signalStarted(err)
 			if !conn.IsClosed() {
-				log.Warn("rabbitmq: consume failed; retrying", "err", err)
+				if failures%20 == 0 {
+					log.Warn("rabbitmq: consume failed; retrying", "err", err, "attempt", failures+1)
+				}
+				failures++
 				if !r.subMgr.sleep(r.cfg.ReconnectDelay) {
 					return
 				}
 			}
 			continue
 		}
+		failures = 0
 		s.signalStarted(nil)
 		cc := &consumerChan{ch: ch}
 		if !s.pump(cc, msgs, tag) {

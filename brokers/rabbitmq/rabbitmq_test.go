@@ -432,3 +432,32 @@ func TestManyUnroutable(t *testing.T) {
 	// The adapter's channels are still fine.
 	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "ok", Type: "order.created"}}))
 }
+
+// TestResumesAfterQueueRecreated: an operator deletes the work queue under
+// a consumer (the server cancels it); once the queue is declared again the
+// subscription consumes again by itself.
+func TestResumesAfterQueueRecreated(t *testing.T) {
+	b := newBroker(t)
+	tp := topology(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, tp))
+	sub, err := b.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.NoError(t, err)
+
+	conn, err := amqp.Dial(testenv.RabbitMQURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(tp.Queues[0].Name, false, false, false)
+	require.NoError(t, err)
+	time.Sleep(500 * time.Millisecond)
+
+	require.NoError(t, newBroker(t).Declare(ctx, tp)) // another process starts
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "again", Type: "order.created"}}))
+	d, err := sub.Receive(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "again", d.Message().ID)
+	require.NoError(t, d.Ack(ctx))
+}

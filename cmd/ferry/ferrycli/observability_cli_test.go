@@ -2,6 +2,7 @@ package ferrycli_test
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -108,4 +111,114 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestRunExportsOneTracePerNotification runs `ferry run` on real servers
+// with --otlp-endpoint pointing at a local OTLP/HTTP receiver, posts one
+// notification, and finds the API, relay and worker spans of one trace in
+// what the receiver got.
+func TestRunExportsOneTracePerNotification(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	type span struct{ name, traceID, spanID, parentID string }
+	var spans []span
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req collectortrace.ExportTraceServiceRequest
+		if err := proto.Unmarshal(body, &req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				for _, s := range ss.GetSpans() {
+					spans = append(spans, span{s.GetName(), hex.EncodeToString(s.GetTraceId()),
+						hex.EncodeToString(s.GetSpanId()), hex.EncodeToString(s.GetParentSpanId())})
+				}
+			}
+		}
+		mu.Unlock()
+		out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
+	}))
+	defer receiver.Close()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	apiAddr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	var stderr strings.Builder
+	lw := &lockedWriter{w: &stderr}
+	go func() {
+		done <- ferrycli.Main(rctx, []string{"ferry", "run",
+			"--database-url", testenv.NewDatabase(t), "--broker", "rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+			"--exchange", testenv.UniqueName("otel"), "--queue", testenv.UniqueName("otel.send"),
+			"--addr", apiAddr, "--otlp-endpoint", receiver.URL, "--log-level", "warn",
+		}, io.Discard, lw)
+	}()
+	defer func() {
+		if t.Failed() {
+			lw.mu.Lock()
+			t.Logf("ferry run stderr:\n%s", stderr.String())
+			lw.mu.Unlock()
+		}
+	}()
+
+	var location string
+	require.Eventually(t, func() bool {
+		resp, err := http.Post("http://"+apiAddr+"/notifications", "application/json", strings.NewReader(
+			`{"user_id":"u-1","channel":"email","to":"a@example.com","subject":"hi","body":"hello"}`))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		location = resp.Header.Get("Location")
+		return resp.StatusCode == http.StatusCreated
+	}, 60*time.Second, 50*time.Millisecond, "API did not accept the notification")
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + apiAddr + location)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var n struct {
+			Status string `json:"status"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&n)
+		return n.Status == "sent"
+	}, 60*time.Second, 50*time.Millisecond, "notification not sent")
+
+	stop() // shutdown flushes the batched spans
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code)
+	case <-time.After(60 * time.Second):
+		t.Fatal("ferry run did not stop")
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	find := func(name string) span {
+		for _, s := range spans {
+			if s.name == name {
+				return s
+			}
+		}
+		t.Fatalf("no span %q in %v", name, spans)
+		return span{}
+	}
+	api := find("POST /notifications")
+	pub := find("publish notification.requested")
+	proc := find("process notification.requested")
+	require.Equal(t, api.traceID, pub.traceID)
+	require.Equal(t, api.traceID, proc.traceID)
+	require.Equal(t, api.spanID, pub.parentID)
+	require.Equal(t, pub.spanID, proc.parentID)
 }

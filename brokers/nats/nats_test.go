@@ -430,3 +430,30 @@ func TestRestartKeepsRetriesAndDeadLetters(t *testing.T) {
 	require.Equal(t, "gone", list[0].LastError)
 	receiveNone(t, sub, 3*time.Second)
 }
+
+// TestInvalidMessagesRefused: messages NATS cannot carry fail alone, with
+// broker.ErrNacked (a failure of the message, not of the broker); the
+// others of the batch are confirmed.
+func TestInvalidMessagesRefused(t *testing.T) {
+	t.Parallel()
+	tp := topology("nats-invalid", "#")
+	b := declared(t, tp)
+	batch := []*broker.Message{
+		{ID: "ok1", Type: "evt.ok"},
+		{ID: "sp", Type: "evt.with space"},
+		{ID: "wild", Type: "evt.>"},
+		{ID: "empty-word", Type: "evt..x"},
+		{ID: "", Type: "evt.ok"},
+		{ID: "hdr", Type: "evt.ok", Headers: map[string]string{"Nats-Expected-Stream": "x"}},
+		{ID: "crlf", Type: "evt.ok", Headers: map[string]string{"k": "a\r\nb"}},
+		{ID: "ok2", Type: "evt.ok"},
+	}
+	err := b.Publish(ctxFor(t, 10*time.Second), batch)
+	failed := broker.FailedIndexes(err, len(batch))
+	require.Len(t, failed, len(batch)-2, "%v", err)
+	for i, e := range failed {
+		require.ErrorIs(t, e, broker.ErrNacked, "index %d", i)
+	}
+	require.NotContains(t, failed, 0)
+	require.NotContains(t, failed, len(batch)-1)
+}

@@ -24,8 +24,11 @@ import (
 // a *broker.PublishError: a Type that no declared queue binds wraps
 // broker.ErrUnroutable (JetStream with interest retention would otherwise
 // drop it silently), an oversized message wraps broker.ErrMessageTooLarge,
-// an invalid ID, Type or header is a plain error naming the field. A
-// publish confirmed as a duplicate counts as confirmed.
+// an invalid ID, Type (not usable as NATS subject words) or header, and a
+// message the server refuses, wrap broker.ErrNacked and name the field;
+// other errors (no stream answered, connection lost, ctx done) mean the
+// broker, not the message, failed. A publish confirmed as a duplicate
+// counts as confirmed.
 func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	b.mu.Lock()
 	closed, d := b.closed, b.current
@@ -57,6 +60,11 @@ func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error 
 	for i, m := range msgs {
 		nm, err := b.toWire(d, m)
 		if err != nil {
+			if !errors.Is(err, broker.ErrMessageTooLarge) && !errors.Is(err, broker.ErrUnroutable) {
+				// An invalid message: refused for itself, like a nack, so
+				// the caller does not take it for a broker outage.
+				err = fmt.Errorf("%w: %w", broker.ErrNacked, err)
+			}
 			fail(i, err)
 			continue
 		}

@@ -195,6 +195,31 @@ func TestRunExportsOneTracePerNotification(t *testing.T) {
 		return n.Status == "sent"
 	}, 60*time.Second, 50*time.Millisecond, "notification not sent")
 
+	// The same process's GET /metrics (on the API address) counted it; the
+	// hooks run just after the commit the status shows, so poll.
+	wants := []string{
+		`ferry_relay_published_total{broker="rabbitmq"} 1`,
+		`ferry_worker_messages_total{broker="rabbitmq",outcome="ack"} 1`,
+		`ferry_worker_end_to_end_latency_seconds_count{broker="rabbitmq"} 1`,
+		`ferry_outbox_unprocessed_rows{broker="rabbitmq"} 0`,
+	}
+	var metricsText string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + apiAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		metricsText = string(b)
+		for _, w := range wants {
+			if !strings.Contains(metricsText, w) {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "metrics: want %q in\n%s", wants, metricsText)
+
 	stop() // shutdown flushes the batched spans
 	select {
 	case code := <-done:

@@ -107,6 +107,7 @@ func RunConformance(t *testing.T, h Harness) {
 			{"PublishReceive", s.testPublishReceive},
 			{"Wildcards", s.testWildcards},
 			{"FanOutToEveryBoundQueue", s.testFanOut},
+			{"Ordering", s.testOrdering},
 			{"Unroutable", s.testUnroutable},
 			{"TooLarge", s.testTooLarge},
 			{"ContextDeadline", s.testContextDeadline},
@@ -360,6 +361,7 @@ func (s *suite) testPublishReceive(t *testing.T) {
 		{ID: "3", Type: "user.signed-up", Body: []byte{}, Headers: nil},
 		{ID: "9223372036854775807", Type: "user.signed-up", Key: "", Body: bytes.Repeat([]byte("x"), 64<<10)},
 	}
+	require.NoError(t, b.Publish(ctxFor(t, 10*time.Second), nil), "an empty batch is a no-op")
 	publish(t, b, msgs...)
 	got := map[string]*broker.Message{}
 	for range msgs {
@@ -434,6 +436,49 @@ func (s *suite) testWildcards(t *testing.T) {
 	}
 	for name := range want {
 		receiveNone(t, subs[name], quiet/2)
+	}
+}
+
+// testOrdering checks the declared ordering scope: with one consumer and
+// no retries, OrderingQueue keeps publish order within the queue and
+// OrderingKey within each Key.
+func (s *suite) testOrdering(t *testing.T) {
+	tp := s.topo(t, q("a", "evt.order"))
+	b := s.declared(t, tp)
+	c := b.Capabilities()
+	var msgs []*broker.Message
+	for i := 0; i < 60; i++ {
+		m := msg(fmt.Sprintf("%03d", i), "evt.order")
+		m.Key = fmt.Sprintf("key-%d", i%3)
+		msgs = append(msgs, m)
+	}
+	// Two batches, one after the other.
+	publish(t, b, msgs[:30]...)
+	publish(t, b, msgs[30:]...)
+	sub := subscribe(t, b, tp.Queues[0].Name, 5)
+	var got []string
+	perKey := map[string][]string{}
+	for range msgs {
+		d := receive(t, sub, arrive)
+		m := d.Message()
+		got = append(got, m.ID)
+		perKey[m.Key] = append(perKey[m.Key], m.ID)
+		require.NoError(t, d.Ack(ctxFor(t, 10*time.Second)))
+	}
+	require.ElementsMatch(t, func() []string {
+		var ids []string
+		for _, m := range msgs {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}(), got)
+	switch c.Ordering {
+	case broker.OrderingQueue:
+		require.True(t, sort.StringsAreSorted(got), "OrderingQueue: publish order within the queue, got %v", got)
+	case broker.OrderingKey:
+		for k, ids := range perKey {
+			require.True(t, sort.StringsAreSorted(ids), "OrderingKey: publish order within key %s, got %v", k, ids)
+		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,11 +72,12 @@ func TestRelayBrokerOutage(t *testing.T) {
 	before := enqueue(t, rg.pool, events(10, "test.outage")...)
 	require.Eventually(t, func() bool { return unprocessed(t, rg.pool) == 0 }, 30*time.Second, 20*time.Millisecond)
 
+	requireServicesNode(t)
 	testenv.Services(t, "stop", "rabbitmq")
 	addr := testenv.HostPort(testenv.RabbitMQURL())
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		c.Close()
-		t.Fatalf("RabbitMQ at %s still accepts connections after services.sh stop: point FERRY_RABBITMQ_URL at the services.sh node (eval \"$(compose/local/services.sh env)\")", addr)
+		t.Fatalf("RabbitMQ at %s still accepts connections after services.sh stop", addr)
 	}
 	restarted := false
 	t.Cleanup(func() {
@@ -104,4 +107,24 @@ func TestRelayBrokerOutage(t *testing.T) {
 	st, err := outbox.ReadStats(ctx, rg.pool)
 	require.NoError(t, err)
 	require.Zero(t, st.Unprocessed)
+}
+
+// requireServicesNode fails the test, before anything is stopped, unless
+// the RabbitMQ the tests use is the node compose/local/services.sh manages
+// (the one its stop and start act on).
+func requireServicesNode(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("bash", filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh"), "env", "rabbitmq").Output()
+	require.NoError(t, err, "services.sh env rabbitmq")
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "export FERRY_RABBITMQ_URL="); ok {
+			v = strings.Trim(v, `'"`)
+			if testenv.HostPort(v) == testenv.HostPort(testenv.RabbitMQURL()) {
+				return
+			}
+			t.Fatalf("the tests use RabbitMQ at %s but services.sh manages %s: run with eval \"$(compose/local/services.sh env)\"",
+				testenv.HostPort(testenv.RabbitMQURL()), testenv.HostPort(v))
+		}
+	}
+	t.Fatalf("services.sh reports no running RabbitMQ (start it: compose/local/services.sh up rabbitmq):\n%s", out)
 }

@@ -21,7 +21,7 @@ import (
 // Defaults of RelayConfig; a zero field means the default.
 const (
 	DefaultBatchSize         = 100
-	DefaultConcurrency       = 2
+	DefaultConcurrency       = 4
 	DefaultPollInterval      = 500 * time.Millisecond
 	DefaultPublishTimeout    = 30 * time.Second
 	DefaultRetryBackoff      = time.Second
@@ -42,8 +42,11 @@ const minBackoff = 100 * time.Millisecond
 // means its documented default.
 type RelayConfig struct {
 	// Pool is the database holding the outbox (migrated by Migrate).
-	// Required. The relay uses up to Concurrency+1 of its connections, plus
-	// one dedicated connection of its own for LISTEN.
+	// Required. The relay uses up to Concurrency+1 of its connections (the
+	// claim loops and retention), plus one dedicated connection of its own
+	// for LISTEN; pgxpool's default MaxConns is max(4, GOMAXPROCS), so give
+	// a relay sharing its pool with other work a larger one
+	// (pool_max_conns in the URL).
 	Pool *pgxpool.Pool
 	// Broker receives the messages. Required. The caller declares the
 	// topology on it (broker.Broker.Declare) before Run; a message whose
@@ -53,10 +56,12 @@ type RelayConfig struct {
 	// BatchSize is the number of rows claimed and published per
 	// transaction, 1..MaxBatchSize. Defaults to DefaultBatchSize (100).
 	BatchSize int
-	// Concurrency is the number of claim loops run by one relay. They claim
-	// disjoint batches (SKIP LOCKED); one loop serves a light load, and
-	// the others join while batches come back full. Defaults to
-	// DefaultConcurrency (2).
+	// Concurrency is the number of claim loops run by one relay, 1..64.
+	// They claim disjoint batches (SKIP LOCKED), so one loop's database work
+	// overlaps another's wait for confirms; one loop serves a light load,
+	// and the others join while batches come back full. Defaults to
+	// DefaultConcurrency (4; BenchmarkRelay measured about 0.5 of the raw
+	// confirmed publish rate with 1-2 loops and about 0.8 with 4).
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without having
 	// been notified, a fallback for lost notifications. Defaults to

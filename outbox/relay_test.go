@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
 )
 
 // rig is what a relay test needs: a migrated database, the real RabbitMQ
@@ -452,4 +454,59 @@ func TestNewRelayValidation(t *testing.T) {
 	require.Equal(t, 500*time.Millisecond, cfg.PollInterval)
 	require.Equal(t, 7*24*time.Hour, cfg.Retention)
 	require.Equal(t, 1000, cfg.RetentionBatch)
+}
+
+// The duplicate a crash between publish and mark produces is absorbed by an
+// idempotent consumer (package worker): the handler runs once per event.
+func TestRelayCrashDuplicateAbsorbedByWorker(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	ids := enqueue(t, rg.pool, events(5, "test.crash")...)
+	crashing := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b,
+		AfterPublish: func(context.Context, []int64) error { return errors.New("simulated crash") }})
+	_, err := crashing.ProcessBatch(ctx)
+	require.Error(t, err)
+	n, err := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b}).ProcessBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+
+	var mu sync.Mutex
+	handled := map[string]int{}
+	outcomes := map[worker.Outcome]int{}
+	settled := make(chan struct{}, 100)
+	w, err := worker.New(worker.Config{Consumer: "outbox-test", Queue: rg.queue, Pool: rg.pool, Broker: rg.b,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+			mu.Lock()
+			handled[msg.ID]++
+			mu.Unlock()
+			return nil
+		},
+		OnOutcome: func(msg *broker.Message, o worker.Outcome, _ time.Duration) {
+			mu.Lock()
+			outcomes[o]++
+			mu.Unlock()
+			settled <- struct{}{}
+		},
+		Concurrency: 2,
+	})
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	for range 10 {
+		select {
+		case <-settled:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("worker settled fewer than 10 deliveries: %v", outcomes)
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[worker.Outcome]int{worker.OutcomeAck: 5, worker.OutcomeDuplicate: 5}, outcomes)
+	for _, id := range idStrings(ids) {
+		require.Equal(t, 1, handled[id], id)
+	}
 }

@@ -115,11 +115,45 @@ func TestDeadLetterAndReplay(t *testing.T) {
 			requireRabbitDLQ(t, broker.DLQName(s.queue), d.ID, nowhere)
 		}
 
+		// A second dead message is purged: refused without --yes, deleted with it.
+		id2 := s.post(base, 1)[0]
+		waitFor(t, time.Minute, "the second notification to be dead", func() (bool, string) {
+			n := notification(t, base, id2)
+			return n["status"] == "dead", fmt.Sprint(n)
+		})
+		var id2Msg string
+		waitFor(t, 30*time.Second, "two messages in `ferry dlq list`", func() (bool, string) {
+			code, out, errOut := ferry(t, dlqArgs...)
+			if code != 0 {
+				return false, errOut
+			}
+			dead = nil
+			require.NoError(t, json.Unmarshal([]byte(out), &dead), out)
+			for _, m := range dead {
+				if m.ID != d.ID {
+					id2Msg = m.ID
+				}
+			}
+			return len(dead) == 2, out
+		})
+		purge := append([]string{"dlq", "purge", "--id", id2Msg}, s.brokerArgs(delay.String())...)
+		code, _, errOut := ferry(t, purge...)
+		require.Equal(t, 2, code)
+		require.Contains(t, errOut, "add --yes")
+		code, out, errOut = ferry(t, append(purge, "--yes")...)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "purged 1 message(s)")
+		require.Contains(t, errOut, "dlq purge")
+		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.brokerArgs(delay.String())...)...)
+		require.Equal(t, 0, code)
+		require.Contains(t, out, "1 dead message(s)")
+		require.NotContains(t, out, "\n"+id2Msg+" ")
+
 		// Fix SMTP: stop the run with the bad address, start one with Mailpit.
 		require.Equal(t, 0, p.stop(t), "ferry run stops gracefully with exit 0")
 		_, base = s.run(delay.String(), "--smtp-addr", testenv.SMTPAddr())
 
-		code, out, errOut := ferry(t, append([]string{"dlq", "replay", "--id", d.ID, "--dry-run"}, s.brokerArgs(delay.String())...)...)
+		code, out, errOut = ferry(t, append([]string{"dlq", "replay", "--id", d.ID, "--dry-run"}, s.brokerArgs(delay.String())...)...)
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "would replay 1 message(s)")
 		require.Equal(t, "dead", notification(t, base, id)["status"], "a dry run moves nothing")

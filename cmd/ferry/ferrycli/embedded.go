@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,6 +81,7 @@ type smtpSink struct {
 	srv      *smtp.Server
 	addr     string
 	dir      string
+	prefix   string // file name prefix, so a later run adds files
 	messages atomic.Int64
 	bytes    atomic.Int64
 	wg       sync.WaitGroup
@@ -99,7 +99,7 @@ func startSMTPSink(dir string) (*smtpSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ferry: SMTP sink: %w", err)
 	}
-	s := &smtpSink{addr: l.Addr().String(), dir: dir}
+	s := &smtpSink{addr: l.Addr().String(), dir: dir, prefix: time.Now().UTC().Format("20060102T150405")}
 	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
 		return &sinkSession{sink: s}, nil
 	}))
@@ -150,7 +150,7 @@ func (s *sinkSession) Data(r io.Reader) error {
 	n := s.sink.messages.Add(1)
 	var w io.Writer = io.Discard
 	if s.sink.dir != "" {
-		f, err := os.Create(filepath.Join(s.sink.dir, strconv.FormatInt(n, 10)+".eml"))
+		f, err := os.Create(filepath.Join(s.sink.dir, fmt.Sprintf("%s-%06d.eml", s.sink.prefix, n)))
 		if err != nil {
 			return fmt.Errorf("ferry: SMTP sink: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/smtp"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -57,7 +58,10 @@ func TestSMTPSink(t *testing.T) {
 	msg := []byte("Subject: hi\r\n\r\nПривет\r\n")
 	require.NoError(t, smtp.SendMail(sink.Addr(), nil, "a@example.com", []string{"b@example.com"}, msg))
 	require.EqualValues(t, 1, sink.messages.Load())
-	b, err := os.ReadFile(dir + "/1.eml")
+	files, err := filepath.Glob(dir + "/*-000001.eml")
+	require.NoError(t, err)
+	require.Len(t, files, 1)
+	b, err := os.ReadFile(files[0])
 	require.NoError(t, err)
 	require.Contains(t, string(b), "Привет")
 	require.Contains(t, sink.Where(), "1 message(s)")

@@ -172,7 +172,10 @@ loop:
 			posting, postDone = false, nil
 		case <-tick.C:
 		case err := <-runErr:
-			failure = fmt.Errorf("ferry demo: stopped early: %w", errors.Join(err, errors.New("a component failed")))
+			if err == nil {
+				err = errors.New("stopped without an error")
+			}
+			failure = fmt.Errorf("ferry demo: api, relay or worker stopped early: %w", err)
 			runErr = nil
 			break loop
 		case <-deadline:

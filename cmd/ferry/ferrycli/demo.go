@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -337,8 +338,8 @@ func latencyAndReasons(ctx context.Context, st *stack, ids []int64) (p50, p99 ti
 		p50, p99 = time.Duration(*a*float64(time.Second)), time.Duration(*b*float64(time.Second))
 	}
 	rows, err := st.pool.Query(ctx, `
-		SELECT COALESCE(last_error, ''), count(*) FROM notifications
-		WHERE id = ANY($1) AND status = 'dead' GROUP BY 1 ORDER BY 2 DESC LIMIT 5`, ids)
+		SELECT COALESCE(last_error, '') FROM notifications
+		WHERE id = ANY($1) AND status = 'dead'`, ids)
 	if err != nil {
 		return p50, p99, nil, err
 	}
@@ -346,14 +347,17 @@ func latencyAndReasons(ctx context.Context, st *stack, ids []int64) (p50, p99 ti
 	reasons = map[string]int{}
 	for rows.Next() {
 		var r string
-		var n int
-		if err := rows.Scan(&r, &n); err != nil {
+		if err := rows.Scan(&r); err != nil {
 			return p50, p99, reasons, err
 		}
-		reasons[r] = n
+		reasons[idRE.ReplaceAllString(r, "$1 N")]++
 	}
 	return p50, p99, reasons, rows.Err()
 }
+
+// idRE finds the ids in error texts, so the dead notifications' reasons
+// group by cause.
+var idRE = regexp.MustCompile(`\b(notification|message|id) \d+`)
 
 // summary is what the demo prints at the end.
 type summary struct {
@@ -385,7 +389,11 @@ func (s *summary) print(w io.Writer, failure error) {
 	}
 	row("sent", fmt.Sprintf("%d", c.sent))
 	row("dead", fmt.Sprintf("%d  (after %d attempts, retry delays %s)", c.dead, s.maxAttempts, formatDelays(s.retryDelays)))
-	for _, k := range sortedKeys(s.deadReasons) {
+	for i, k := range sortedKeys(s.deadReasons) {
+		if i == 5 {
+			row("", fmt.Sprintf("  …and %d other reason(s)", len(s.deadReasons)-5))
+			break
+		}
 		row("", fmt.Sprintf("  %4d  %s", s.deadReasons[k], clipText(k, 100)))
 	}
 	if pending := c.accepted - c.sent - c.dead; pending > 0 {

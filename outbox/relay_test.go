@@ -386,17 +386,10 @@ func TestRelayRunSkipsFailingRow(t *testing.T) {
 // publish a row enqueued after it went idle.
 func TestRelayWakesOnNotify(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
 	rg := setup(t)
 	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, PollInterval: time.Hour, Retention: -1})
 	runRelay(t, r)
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = 'LISTEN `+outbox.NotifyChannel+`'`).Scan(&n))
-		return n == 1
-	}, 10*time.Second, 20*time.Millisecond, "the relay never LISTENed")
-	time.Sleep(100 * time.Millisecond) // let the loops go idle after their start-up batch
+	waitListening(t, rg.pool)
 
 	for round := range 3 {
 		ids := enqueue(t, rg.pool, events(1, "test.notified")...)
@@ -509,4 +502,49 @@ func TestRelayCrashDuplicateAbsorbedByWorker(t *testing.T) {
 	for _, id := range idStrings(ids) {
 		require.Equal(t, 1, handled[id], id)
 	}
+}
+
+// Rows inserted without a notification (written by hand, or the NOTIFY
+// was lost) are found by polling; Run's retention deletes old processed
+// rows.
+func TestRelayPollsAndRetains(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	var old int64
+	require.NoError(t, rg.pool.QueryRow(ctx, `INSERT INTO outbox (event_type, payload, processed_at)
+		VALUES ('test.old', 'x', now() - interval '2 hours') RETURNING id`).Scan(&old))
+	runRelay(t, newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, PollInterval: 50 * time.Millisecond,
+		Retention: time.Hour, RetentionInterval: 50 * time.Millisecond}))
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id = $1`, old).Scan(&n))
+		return n == 0
+	}, 30*time.Second, 20*time.Millisecond, "retention did not delete the old processed row")
+
+	waitListening(t, rg.pool)
+	var id int64
+	require.NoError(t, rg.pool.QueryRow(ctx, `INSERT INTO outbox (event_type, payload) VALUES ('test.polled', 'y') RETURNING id`).Scan(&id))
+	counts, msgs := collect(t, rg.b, rg.queue, 1, 10*time.Millisecond)
+	require.Equal(t, map[string]int{strconv.FormatInt(id, 10): 1}, counts)
+	require.Equal(t, "y", string(msgs[strconv.FormatInt(id, 10)].Body))
+	// The fresh processed row is kept.
+	require.Eventually(t, func() bool { return unprocessed(t, rg.pool) == 0 }, 10*time.Second, 20*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	var n int
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id = $1`, id).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+// waitListening waits until a relay LISTENs on the test's database, then
+// lets its claim loops go idle after their start-up batches.
+func waitListening(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN `+outbox.NotifyChannel+`'`).Scan(&n))
+		return n == 1
+	}, 10*time.Second, 20*time.Millisecond, "the relay never LISTENed")
+	time.Sleep(100 * time.Millisecond)
 }

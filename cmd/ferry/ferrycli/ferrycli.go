@@ -26,24 +26,39 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
 )
 
 // Main runs the ferry command with args (args[0] is the program name),
 // writing output to stdout and errors and logs to stderr, and returns the
 // exit code: 0 on success (also after a graceful stop by ctx, e.g. on
-// SIGINT/SIGTERM), 2 for a command-line error (ErrUsage, an unknown or
-// unavailable --broker, a flag urfave/cli cannot parse), 1 for any other
-// error.
+// SIGINT/SIGTERM), 2 for a command-line error (see isUsageError), 1 for
+// any other error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := NewApp(stdout, stderr)
 	if err := a.RunContext(ctx, args); err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
-		if errors.Is(err, ErrUsage) || errors.Is(err, ErrUnknownBroker) || errors.Is(err, ErrBrokerNotAvailable) || isFlagError(err) {
+		if isUsageError(err) {
 			return 2
 		}
 		return 1
 	}
 	return 0
+}
+
+// isUsageError reports whether err is about the command line: ErrUsage, an
+// unknown or unavailable broker, a configuration a package refused
+// (app, outbox, worker), or a flag urfave/cli could not parse.
+func isUsageError(err error) bool {
+	for _, target := range []error{ErrUsage, ErrUnknownBroker, ErrBrokerNotAvailable, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return isFlagError(err)
 }
 
 // isFlagError reports whether err comes from urfave/cli's flag parsing.

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
+	"github.com/ferrymq/ferry/internal/testenv"
 )
 
 // run runs the ferry command in-process and returns its exit code, stdout
@@ -87,4 +88,18 @@ func TestHelp(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "FERRY_DATABASE_URL")
 	require.Contains(t, out, "embedded")
+}
+
+// A configuration a package refuses is a command-line error too (exit 2),
+// found after connecting to the database.
+func TestConfigErrorExit2(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	code, _, errOut := run(t, "migrate", "--database-url", db)
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = run(t, "worker", "--database-url", db, "--smtp-addr", "nohost")
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, `SMTPAddr "nohost"`)
+	code, _, errOut = run(t, "api", "--database-url", "postgres://ferry:ferry@127.0.0.1:1/none?connect_timeout=2")
+	require.Equal(t, 1, code, "an unreachable database is not a usage error")
+	require.Contains(t, errOut, "ferry: database")
 }

@@ -212,9 +212,9 @@ func selection(c *cli.Context) ([]string, error) {
 	all := c.Bool(flagAll)
 	switch {
 	case all && len(ids) > 0:
-		return nil, usagef("%s: give either --%s or --%s, not both", c.Command.FullName(), flagID, flagAll)
+		return nil, usagef("%s: give either --%s or --%s, not both", cmdName(c), flagID, flagAll)
 	case !all && len(ids) == 0:
-		return nil, usagef("%s: say which messages: --%s ID (repeatable) or --%s", c.Command.FullName(), flagID, flagAll)
+		return nil, usagef("%s: say which messages: --%s ID (repeatable) or --%s", cmdName(c), flagID, flagAll)
 	}
 	return ids, nil
 }

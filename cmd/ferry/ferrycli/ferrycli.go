@@ -49,6 +49,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// cmdName is the running command's name after "ferry", e.g. "dlq list".
+func cmdName(c *cli.Context) string {
+	if c.Command == nil {
+		return ""
+	}
+	if name := strings.TrimPrefix(c.Command.HelpName, "ferry "); name != "" {
+		return name
+	}
+	return c.Command.Name
+}
+
 // isUsageError reports whether err is about the command line: ErrUsage, an
 // unknown or unavailable broker, a configuration a package refused
 // (app, outbox, worker), or a flag urfave/cli could not parse.
@@ -75,7 +86,7 @@ func isFlagError(err error) bool {
 // NewApp returns the ferry command-line application writing to stdout
 // and stderr.
 func NewApp(stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	a := &cli.App{
 		Name:  "ferry",
 		Usage: "transactional outbox to message broker, idempotent workers, and a sample notification service",
 		Description: "Every flag can also be set by its environment variable (shown as [$FERRY_...]).\n" +
@@ -106,6 +117,20 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			outboxCommand(),
 		},
 	}
+	quietUsageErrors(a.Commands)
+	return a
+}
+
+// quietUsageErrors makes a flag error of every command an ErrUsage error
+// naming the command, printed once by Main, instead of urfave/cli's
+// "Incorrect Usage" followed by the whole help text.
+func quietUsageErrors(cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		cmd.OnUsageError = func(c *cli.Context, err error, _ bool) error {
+			return usagef("%s: %v (see ferry %s --help)", cmdName(c), err, cmdName(c))
+		}
+		quietUsageErrors(cmd.Subcommands)
+	}
 }
 
 // newLogger builds the slog logger of --log-format and --log-level.
@@ -134,7 +159,7 @@ func newLogger(c *cli.Context, defaultLevel string) (*slog.Logger, error) {
 // setup parses the settings and builds the logger of a command.
 func setup(c *cli.Context, defaultLevel string) (*settings, *slog.Logger, error) {
 	if c.Args().Present() {
-		return nil, nil, usagef("%s: unexpected argument %q (flags come as --name value)", c.Command.FullName(), c.Args().First())
+		return nil, nil, usagef("%s: unexpected argument %q (flags come as --name value)", cmdName(c), c.Args().First())
 	}
 	log, err := newLogger(c, defaultLevel)
 	if err != nil {

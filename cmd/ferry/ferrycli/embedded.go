@@ -181,7 +181,7 @@ func humanBytes(n int64) string {
 	}
 }
 
-// stopAll runs the stop functions in reverse order; used on every exit
+// stopper runs the registered stop functions in reverse order; used on every exit
 // path so embedded servers never outlive the command.
 type stopper struct {
 	mu    sync.Mutex

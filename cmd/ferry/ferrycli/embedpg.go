@@ -177,21 +177,24 @@ func startEmbeddedPGAsNobody(ctx context.Context, dataDir string, port int, log 
 }
 
 // ensurePGBinaries makes sure binDir/bin/pg_ctl exists, letting
-// embedded-postgres download (once, into its cache) and extract them.
+// embedded-postgres download (once, into its cache) and extract them. The
+// binaries are extracted beside binDir and renamed into place, so a run
+// killed half-way never leaves a partial binDir behind.
 func ensurePGBinaries(binDir string) error {
 	pgCtl := filepath.Join(binDir, "bin", "pg_ctl")
 	if _, err := os.Stat(pgCtl); err == nil {
 		return nil
 	}
-	runtime, err := os.MkdirTemp("", "ferry-postgres-extract-")
+	runtime, err := os.MkdirTemp(filepath.Dir(binDir), "ferry-postgres-extract-")
 	if err != nil {
 		return fmt.Errorf("ferry: embedded PostgreSQL: %w", err)
 	}
 	defer os.RemoveAll(runtime)
+	extracted := filepath.Join(runtime, "binaries")
 	cfg := embeddedpostgres.DefaultConfig().
 		Version(embeddedPGVersion).
-		BinariesPath(binDir).
-		RuntimePath(runtime).
+		BinariesPath(extracted).
+		RuntimePath(filepath.Join(runtime, "runtime")).
 		DataPath(filepath.Join(runtime, "data")).
 		Logger(io.Discard)
 	if p, err := freePort(); err == nil {
@@ -200,8 +203,17 @@ func ensurePGBinaries(binDir string) error {
 	// As root, Start downloads and extracts the binaries, then fails at
 	// initdb ("cannot be run as root"); only the binaries are wanted here.
 	startErr := embeddedpostgres.NewDatabase(cfg).Start()
-	if _, err := os.Stat(pgCtl); err != nil {
-		return fmt.Errorf("ferry: embedded PostgreSQL: binaries not available in %s: %w", binDir, errors.Join(startErr, err))
+	if _, err := os.Stat(filepath.Join(extracted, "bin", "pg_ctl")); err != nil {
+		return fmt.Errorf("ferry: embedded PostgreSQL: binaries not extracted: %w", errors.Join(startErr, err))
+	}
+	if err := os.Chmod(extracted, 0o755); err != nil {
+		return fmt.Errorf("ferry: embedded PostgreSQL: %w", err)
+	}
+	if err := os.Rename(extracted, binDir); err != nil {
+		// Another ferry may have put them in place meanwhile.
+		if _, statErr := os.Stat(pgCtl); statErr != nil {
+			return fmt.Errorf("ferry: embedded PostgreSQL: %w", err)
+		}
 	}
 	return nil
 }

@@ -15,12 +15,22 @@ import (
 
 // Defaults of the flags.
 const (
+	// DefaultDatabaseURL is --database-url's default (demo and run start
+	// an embedded PostgreSQL instead when the flag is not given).
 	DefaultDatabaseURL = "postgres://ferry:ferry@127.0.0.1:5432/ferry"
-	DefaultBroker      = "rabbitmq"
+	// DefaultBroker is --broker's default (demo and run use NATS when the
+	// flag is not given).
+	DefaultBroker = "rabbitmq"
+	// DefaultRabbitMQURL is --rabbitmq-url's default.
 	DefaultRabbitMQURL = "amqp://guest:guest@127.0.0.1:5672/"
-	DefaultNATSURL     = "nats://127.0.0.1:4222"
-	DefaultSMTPAddr    = "127.0.0.1:1025"
-	DefaultAddr        = ":3000"
+	// DefaultNATSURL is --nats-url's default (demo and run start an
+	// embedded NATS server when neither --broker nor --nats-url is given).
+	DefaultNATSURL = "nats://127.0.0.1:4222"
+	// DefaultSMTPAddr is --smtp-addr's default, Mailpit's SMTP port (demo
+	// and run use a built-in SMTP sink when the flag is not given).
+	DefaultSMTPAddr = "127.0.0.1:1025"
+	// DefaultAddr is --addr's default, the API's listen address.
+	DefaultAddr = ":3000"
 )
 
 // ErrUsage is wrapped by errors about the command line itself (a bad flag

@@ -73,12 +73,14 @@ func (o Outcome) String() string {
 
 // Defaults of Config.
 const (
-	// DefaultConcurrency is Config.Concurrency when 0. Each message waits
-	// for its commit's WAL flush, so throughput grows with the number of
-	// transactions in flight (group commit) well past the number of cores:
-	// on 2 cores 20 handles about 1.5 times as many messages per second as
-	// 10 (BenchmarkWorker).
-	DefaultConcurrency = 20
+	// DefaultConcurrency is Config.Concurrency when 0: as many handlers as
+	// the default prefetch (broker.DefaultPrefetch) hands out. Each message
+	// waits for its commit's WAL flush, so throughput grows with the number
+	// of transactions in flight (group commit) well past the number of
+	// cores: on 2 cores 20 handles about 1.5 times as many messages per
+	// second as 10 (BenchmarkWorker); raise Concurrency and Prefetch
+	// together for throughput.
+	DefaultConcurrency = 10
 	// DefaultAckDeadline is Config.AckDeadline when 0.
 	DefaultAckDeadline = 30 * time.Second
 	// DefaultShutdownTimeout is Config.ShutdownTimeout when 0.
@@ -126,11 +128,12 @@ type Config struct {
 	Topology broker.Topology
 	// Concurrency is the number of messages handled at once, each holding
 	// one database connection while it runs. Defaults to
-	// DefaultConcurrency (20).
+	// DefaultConcurrency (10).
 	Concurrency int
 	// Prefetch bounds the deliveries received and not yet settled
-	// (broker.SubscribeOptions.Prefetch). Defaults to 2×Concurrency, so a
-	// next message is already waiting when a handler finishes.
+	// (broker.SubscribeOptions.Prefetch). Defaults to broker.DefaultPrefetch
+	// (10), or to Concurrency when that is larger, so no handler idles for
+	// want of a delivery.
 	Prefetch int
 	// AckDeadline is the broker's ack deadline (broker.SubscribeOptions);
 	// while a handler runs, the worker calls Delivery.Extend every
@@ -202,7 +205,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Concurrency = DefaultConcurrency
 	}
 	if cfg.Prefetch == 0 {
-		cfg.Prefetch = 2 * cfg.Concurrency
+		cfg.Prefetch = max(broker.DefaultPrefetch, cfg.Concurrency)
 	}
 	if cfg.AckDeadline == 0 {
 		cfg.AckDeadline = DefaultAckDeadline

@@ -130,22 +130,28 @@ func benchAdapter(b *testing.B, callers int) {
 	start := time.Now()
 	for c := 0; c < callers; c++ {
 		go func() {
-			for first := range batches {
+			var first error
+			for start := range batches {
+				if first != nil {
+					continue // keep draining so the feeder never blocks
+				}
 				msgs := make([]*broker.Message, 0, benchBatch)
-				for i := first; i < first+benchBatch && i < b.N; i++ {
+				for i := start; i < start+benchBatch && i < b.N; i++ {
 					msgs = append(msgs, &broker.Message{ID: strconv.Itoa(i), Type: "bench.event", Key: "k", Body: body})
 				}
 				if err := ad.Publish(ctx, msgs); err != nil {
-					errs <- fmt.Errorf("publish: %w", err)
-					return
+					first = fmt.Errorf("publish: %w", err)
 				}
 			}
-			errs <- nil
+			errs <- first
 		}()
 	}
 	for first := 0; first < b.N; first += benchBatch {
 		if first > 0 && first%20000 == 0 {
-			purge(b, admin, tp.Queues[0].Name)
+			if _, err := admin.QueuePurge(tp.Queues[0].Name, false); err != nil {
+				b.Errorf("purge: %v", err)
+				break
+			}
 		}
 		batches <- first
 	}

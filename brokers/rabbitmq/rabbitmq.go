@@ -175,11 +175,9 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	u, err := amqp.ParseURI(c.URL)
-	if err != nil {
+	if _, err := amqp.ParseURI(c.URL); err != nil {
 		return fmt.Errorf("rabbitmq: Config.URL %q: %w", redact(c.URL), err)
 	}
-	_ = u
 	switch {
 	case c.PublishTimeout < 0:
 		return fmt.Errorf("rabbitmq: Config.PublishTimeout %v: must not be negative", c.PublishTimeout)

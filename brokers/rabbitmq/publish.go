@@ -203,6 +203,8 @@ func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, he
 		}
 	}
 	healthy = sendErr == nil
+	returns := pc.returns // nil once closed, so the select below never spins
+confirms:
 	for i, dc := range dcs {
 		if dc == nil {
 			continue
@@ -212,17 +214,20 @@ func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, he
 			select {
 			case <-dc.Done():
 				break wait
-			case ret, ok := <-pc.returns:
-				if ok {
-					onReturn(ret)
+			case ret, ok := <-returns:
+				if !ok {
+					returns = nil
+					continue
 				}
+				onReturn(ret)
 			case <-ctx.Done():
 				for j := i; j < len(dcs); j++ {
 					if dcs[j] != nil && !dcs[j].Acked() {
 						errs[j] = ctx.Err()
 					}
 				}
-				return errs, false
+				healthy = false
+				break confirms
 			}
 		}
 		if !dc.Acked() {
@@ -242,14 +247,17 @@ func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, he
 			}
 		}
 	}
-	// Every return came before its ack, so all are queued by now.
-	for {
+	// Every return came before its ack, so the returns of the acked
+	// messages are all queued by now.
+	for returns != nil {
 		select {
-		case ret, ok := <-pc.returns:
-			if ok {
-				onReturn(ret)
+		case ret, ok := <-returns:
+			if !ok {
+				returns = nil
 				continue
 			}
+			onReturn(ret)
+			continue
 		default:
 		}
 		break

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,7 +39,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			rawBefore := rawPublish(b, kind, tp, n)
 			purgeQueues(b, kind, tp)
 			fillOutbox(b, db, n)
-			relayRate := drain(b, db, br, s, n)
+			relayRate, phases := drain(b, db, br, s, n)
 			purgeQueues(b, kind, tp)
 			rawAfter := rawPublish(b, kind, tp, n)
 
@@ -50,20 +52,29 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			b.Logf("%s: %d events, %s; %s", kind, n, describeMessage(), s)
 			b.Logf("%s: raw confirmed publish %.0f msgs/s (before %.0f, after %.0f)", kind, raw, rawBefore, rawAfter)
 			b.Logf("%s: relay %.0f msgs/s = %.2f x raw (aim >= 0.6)", kind, relayRate, ratio)
+			b.Logf("%s: relay batches: %s", kind, phases)
 		})
 	}
 }
 
 // drain runs a relay over the outbox until n rows were published and
-// returns rows/s, Run start to the n-th row marked.
-func drain(b *testing.B, db database, br broker.Broker, s settings, n int) float64 {
+// returns rows/s, Run start to the n-th row marked, and where a batch's
+// time went on average.
+func drain(b *testing.B, db database, br broker.Broker, s settings, n int) (float64, string) {
 	b.Helper()
-	var published atomic.Int64
+	var (
+		published                   atomic.Int64
+		batches, total, pub, marked atomic.Int64
+	)
 	done := make(chan struct{})
 	r, err := outbox.NewRelay(outbox.RelayConfig{
 		Pool: db.newPool(b, s.relayConc+2), Broker: br, BatchSize: s.relayBatch, Concurrency: s.relayConc,
 		Retention: -1, Logger: quietLogger,
 		OnBatch: func(st outbox.BatchStats) {
+			batches.Add(1)
+			total.Add(int64(st.Duration))
+			pub.Add(int64(st.PublishDuration))
+			marked.Add(int64(st.MarkDuration))
 			if published.Add(int64(st.Published)) == int64(n) {
 				close(done)
 			}
@@ -88,7 +99,11 @@ func drain(b *testing.B, db database, br broker.Broker, s settings, n int) float
 	if left != 0 {
 		b.Errorf("bench: %d outbox rows left unpublished", left)
 	}
-	return float64(n) / elapsed.Seconds()
+	k := max(batches.Load(), 1)
+	avg := func(v *atomic.Int64) float64 { return ms(time.Duration(v.Load() / k)) }
+	phases := fmt.Sprintf("%d batches of %.0f rows, each %.2f ms on average = claim %.2f + publish %.2f + mark/commit %.2f ms",
+		batches.Load(), float64(n)/float64(k), avg(&total), avg(&total)-avg(&pub)-avg(&marked), avg(&pub), avg(&marked))
+	return float64(n) / elapsed.Seconds(), phases
 }
 
 // BenchmarkEndToEnd commits a burst of N events from concurrent producers
@@ -111,7 +126,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 
 			db := newDatabase(b)
 			tp := newTopology(b, kind)
-			p := startPipeline(b, kind, db, tp, s, int64(n), nil)
+			p := startPipeline(b, kind, db, tp, s, parts{relay: true, worker: true, target: int64(n)})
 			pool := db.newPool(b, s.producers)
 			start := time.Now()
 			pd, err := produceBurst(ctx, pool, s.producers, n)
@@ -123,8 +138,32 @@ func BenchmarkEndToEnd(b *testing.B) {
 				b.Errorf("bench: %d of %d business rows marked sent", sent, n)
 			}
 
+			pstats := p.stats()
+
+			// Each stage alone on its own fresh database: the relay
+			// draining N committed events, then the worker draining the
+			// N queued messages.
+			staged := newDatabase(b)
+			fillBusiness(b, staged, n)
+			stp := newTopology(b, kind)
+			rp := startPipeline(b, kind, staged, stp, s, parts{relay: true, target: int64(n)})
+			rstart := time.Now()
+			rp.waitPublished(b, 5*time.Minute)
+			relayRate := float64(n) / time.Since(rstart).Seconds()
+			rp.stop()
+			wp := startPipeline(b, kind, staged, stp, s, parts{worker: true, target: int64(n)})
+			wstart := time.Now()
+			wp.wait(b, 5*time.Minute)
+			workerRate := float64(n) / time.Since(wstart).Seconds()
+			wp.stop()
+			if sent := countSent(b, staged); sent != int64(n) {
+				b.Errorf("bench: worker alone: %d of %d business rows marked sent", sent, n)
+			}
+
 			rate := float64(n) / elapsed.Seconds()
 			b.ReportMetric(rate, "e2e-events/s")
+			b.ReportMetric(relayRate, "relay-alone-events/s")
+			b.ReportMetric(workerRate, "worker-alone-events/s")
 			b.ReportMetric(float64(n)/pd.Seconds(), "produce-events/s")
 			b.ReportMetric(createRate, "create-alone-events/s")
 			b.ReportMetric(0, "ns/op")
@@ -132,6 +171,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 			b.Logf("%s: creation alone (no relay, no worker) %.0f events/s", kind, createRate)
 			b.Logf("%s: end to end %.0f events/s (aim >= 3000): all %d handled %.2fs after the first commit; producers committed at %.0f events/s meanwhile; %d duplicates, %d retried/dead",
 				kind, rate, n, elapsed.Seconds(), float64(n)/pd.Seconds(), p.dups.Load(), p.other.Load())
+			b.Logf("%s: %s", kind, pstats)
+			b.Logf("%s: stages alone: relay %.0f events/s (%s); worker %.0f events/s (%s)", kind, relayRate, rp.stats(), workerRate, wp.stats())
 		})
 	}
 }
@@ -151,23 +192,30 @@ func BenchmarkLatency(b *testing.B) {
 			db := newDatabase(b)
 			tp := newTopology(b, kind)
 
-			// Indexed by notification id: a fresh database numbers them
-			// from 1; rolled-back inserts could skip a few, hence the slack.
-			size := 2*(n+warm) + 16
+			// Indexed by outbox id (the message ID): a fresh database
+			// numbers them from 1.
+			size := n + warm + 16
 			base := time.Now()
-			handled := make([]atomic.Int64, size)
-			committed := make([]atomic.Int64, size)
-			onHandled := func(id int64) {
+			stamp := func(ts []atomic.Int64, id int64) {
 				if id > 0 && id < int64(size) {
-					handled[id].CompareAndSwap(0, int64(time.Since(base)))
+					ts[id].CompareAndSwap(0, int64(time.Since(base)))
 				}
 			}
-			onCommit := func(id int64) {
-				if id > 0 && id < int64(size) {
-					committed[id].Store(int64(time.Since(base)))
-				}
-			}
-			p := startPipeline(b, kind, db, tp, s, int64(n+warm), onHandled)
+			committed := make([]atomic.Int64, size) // commit returned
+			confirmed := make([]atomic.Int64, size) // the relay's Publish returned
+			handled := make([]atomic.Int64, size)   // the handler started
+			p := startPipeline(b, kind, db, tp, s, parts{relay: true, worker: true, target: int64(n + warm),
+				onHandled: func(msg *broker.Message) {
+					id, _ := strconv.ParseInt(msg.ID, 10, 64)
+					stamp(handled, id)
+				},
+				afterPublish: func(_ context.Context, ids []int64) error {
+					for _, id := range ids {
+						stamp(confirmed, id)
+					}
+					return nil
+				},
+			})
 			pool := db.newPool(b, s.producers)
 
 			// Warm up (LISTEN set up, subscription running, pools and
@@ -183,7 +231,7 @@ func BenchmarkLatency(b *testing.B) {
 			var ids []int64
 			var mu sync.Mutex
 			d, err := paced(ctx, pool, n, rate, s.producers, func(id int64) {
-				onCommit(id)
+				stamp(committed, id)
 				mu.Lock()
 				ids = append(ids, id)
 				mu.Unlock()
@@ -193,28 +241,40 @@ func BenchmarkLatency(b *testing.B) {
 			p.stop()
 
 			lat := make([]time.Duration, 0, len(ids))
+			conf := make([]time.Duration, 0, len(ids))
+			early := 0
 			for _, id := range ids {
-				if id <= 0 || id >= int64(size) || handled[id].Load() == 0 {
-					b.Fatalf("bench: event of notification %d: no handling time recorded", id)
+				if id <= 0 || id >= int64(size) || handled[id].Load() == 0 || confirmed[id].Load() == 0 {
+					b.Fatalf("bench: message %d: no handling or confirm time recorded", id)
 				}
 				lat = append(lat, time.Duration(handled[id].Load()-committed[id].Load()))
+				conf = append(conf, time.Duration(confirmed[id].Load()-committed[id].Load()))
+				if handled[id].Load() < confirmed[id].Load() {
+					early++
+				}
 			}
 			sortDurations(lat)
+			sortDurations(conf)
 			p50, p99, worst := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
 			b.ReportMetric(ms(p50), "p50-ms")
 			b.ReportMetric(ms(p99), "p99-ms")
 			b.ReportMetric(ms(worst), "max-ms")
+			b.ReportMetric(ms(percentile(conf, 50)), "confirmed-p50-ms")
+			b.ReportMetric(ms(percentile(conf, 99)), "confirmed-p99-ms")
 			b.ReportMetric(float64(n)/d.Seconds(), "paced-events/s")
 			b.ReportMetric(0, "ns/op")
 			b.Logf("%s: %d events at %d/s (achieved %.0f/s), %s; %s", kind, n, rate, float64(n)/d.Seconds(), describeMessage(), s)
 			b.Logf("%s: commit-to-handler latency p50 %.2f ms (aim <= 5), p99 %.2f ms (aim <= 10), max %.2f ms", kind, ms(p50), ms(p99), ms(worst))
+			b.Logf("%s: of which commit-to-confirmed (relay woken, claimed, published, confirm received) p50 %.2f ms, p99 %.2f ms; %d of %d handled before the relay saw the confirm",
+				kind, ms(percentile(conf, 50)), ms(percentile(conf, 99)), early, len(ids))
+			b.Logf("%s: %s", kind, p.stats())
 		})
 	}
 }
 
 // paced commits n events at rate events/s: a ticker hands out the events,
 // producers goroutines commit them (so a slow commit does not delay the
-// next tick). onCommit, when set, gets each event's notification id just
+// next tick). onCommit, when set, gets each event's outbox id just
 // after its commit returned. It returns the time from the first tick to
 // the last commit.
 func paced(ctx context.Context, pool *pgxpool.Pool, n, rate, producers int, onCommit func(id int64)) (time.Duration, error) {

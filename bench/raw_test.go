@@ -135,6 +135,31 @@ func fillOutbox(b *testing.B, db database, n int) {
 	must(b, err)
 }
 
+// fillBusiness inserts n pending business rows (ids 1..n on a fresh
+// database) and their unpublished outbox events, as produce would have
+// committed them.
+func fillBusiness(b *testing.B, db database, n int) {
+	b.Helper()
+	ctx := benchCtx(b)
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = eventBody(int64(i + 1))
+	}
+	_, err := db.pool.Exec(ctx, `
+		INSERT INTO notifications (id, user_id, channel, to_addr, subject, body)
+		SELECT g, 'user-bench', 'email', 'someone@example.com', 'Your weekly summary', 'Hello!'
+		FROM generate_series(1, $1) g`, n)
+	must(b, err)
+	_, err = db.pool.Exec(ctx, `
+		INSERT INTO outbox (event_type, partition_key, payload, headers)
+		SELECT $1, 'user-' || (ord % 100), body, jsonb_build_object('traceparent', $3::text)
+		FROM unnest($2::bytea[]) WITH ORDINALITY AS e(body, ord)
+		ORDER BY ord`, eventType, bodies, traceparent)
+	must(b, err)
+	_, err = db.pool.Exec(ctx, `VACUUM ANALYZE outbox, notifications`)
+	must(b, err)
+}
+
 func describeMessage() string {
 	m := &broker.Message{ID: "12345", Type: eventType, Key: "user-42", Body: eventBody(12345),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent, broker.HeaderCreatedAt: broker.FormatTime(time.Now())}}

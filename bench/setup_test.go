@@ -61,8 +61,8 @@ func loadSettings() settings {
 	return settings{
 		events:          envInt("FERRY_BENCH_EVENTS", 20000),
 		producers:       envInt("FERRY_BENCH_PRODUCERS", 4),
-		relayBatch:      envInt("FERRY_BENCH_RELAY_BATCH", 100),
-		relayConc:       envInt("FERRY_BENCH_RELAY_CONCURRENCY", 4),
+		relayBatch:      envInt("FERRY_BENCH_RELAY_BATCH", 500),
+		relayConc:       envInt("FERRY_BENCH_RELAY_CONCURRENCY", 2),
 		publishChannels: envInt("FERRY_BENCH_PUBLISH_CHANNELS", 4),
 		workerConc:      envInt("FERRY_BENCH_WORKER_CONCURRENCY", 20),
 		workerPrefetch:  envInt("FERRY_BENCH_WORKER_PREFETCH", 0),
@@ -282,7 +282,8 @@ func notificationID(body []byte) (int64, error) {
 }
 
 // produce commits one business row (a pending notification) and its
-// outbox event in one transaction and returns the row's id.
+// outbox event in one transaction and returns the outbox row's id (the
+// message ID).
 func produce(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -298,13 +299,14 @@ func produce(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	}
 	ev := outbox.Event{Type: eventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: eventBody(id),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
-	if _, err := outbox.Enqueue(ctx, tx, ev); err != nil {
+	ids, err := outbox.Enqueue(ctx, tx, ev)
+	if err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit: %w", err)
 	}
-	return id, nil
+	return ids[0], nil
 }
 
 // produceBurst commits n events from the given number of concurrent
@@ -333,15 +335,15 @@ func produceBurst(ctx context.Context, pool *pgxpool.Pool, producers, n int) (ti
 
 // handler is the benchmark's worker.Handler: only database work, the
 // worker's dedup insert plus one status update of the business row, no
-// SMTP. onHandled, when set, is called with the notification id first.
-func handler(onHandled func(id int64)) worker.Handler {
+// SMTP. onHandled, when set, is called with the message first.
+func handler(onHandled func(msg *broker.Message)) worker.Handler {
 	return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 		id, err := notificationID(msg.Body)
 		if err != nil {
 			return worker.Permanent(err)
 		}
 		if onHandled != nil {
-			onHandled(id)
+			onHandled(msg)
 		}
 		_, err = tx.Exec(ctx, `
 			UPDATE notifications
@@ -352,51 +354,82 @@ func handler(onHandled func(id int64)) worker.Handler {
 }
 
 // pipeline is a relay and a worker running on one database and broker
-// kind, each with its own pool and adapter.
+// kind, each with its own pool and adapter (either may be left out).
 type pipeline struct {
 	acked atomic.Int64  // deliveries handled and acked (OutcomeAck)
 	dups  atomic.Int64  // deliveries dropped as duplicates
 	other atomic.Int64  // retries and dead letters (should stay 0)
-	done  chan struct{} // closed when acked reaches target
-	stop  func()        // stops both and waits for them
+	done  chan struct{} // closed when acked reaches the target
+	// The relay's batches that published rows, and those rows: their
+	// ratio is the mean batch the relay actually published.
+	batches, batchRows atomic.Int64
+	published          chan struct{} // closed when batchRows reaches the target
+	handlerNanos       atomic.Int64  // time in the worker's transactions
+	stop               func()        // stops both and waits for them
 }
 
-func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s settings, target int64, onHandled func(int64)) *pipeline {
+// parts says what startPipeline runs.
+type parts struct {
+	relay, worker bool
+	target        int64                                        // events to publish and to handle
+	onHandled     func(*broker.Message)                        // see handler
+	afterPublish  func(ctx context.Context, ids []int64) error // outbox.RelayConfig.AfterPublish
+}
+
+func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s settings, pt parts) *pipeline {
 	b.Helper()
 	ctx := benchCtx(b)
-	p := &pipeline{done: make(chan struct{})}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool: db.newPool(b, s.relayConc+2), Broker: newBroker(b, kind, tp, s),
-		BatchSize: s.relayBatch, Concurrency: s.relayConc, Retention: -1, Logger: quietLogger,
-	})
-	must(b, err)
-	w, err := worker.New(worker.Config{
-		Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp,
-		Pool: db.newPool(b, s.workerConc+2), Broker: newBroker(b, kind, tp, s), Handler: handler(onHandled),
-		Concurrency: s.workerConc, Prefetch: s.workerPrefetch, Logger: quietLogger,
-		OnOutcome: func(_ *broker.Message, o worker.Outcome, _ time.Duration) {
-			switch o {
-			case worker.OutcomeAck:
-				if p.acked.Add(1) == target {
-					close(p.done)
+	p := &pipeline{done: make(chan struct{}), published: make(chan struct{})}
+	var runs []func(context.Context) error
+	if pt.relay {
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			Pool: db.newPool(b, s.relayConc+2), Broker: newBroker(b, kind, tp, s),
+			BatchSize: s.relayBatch, Concurrency: s.relayConc, Retention: -1, Logger: quietLogger,
+			AfterPublish: pt.afterPublish,
+			OnBatch: func(st outbox.BatchStats) {
+				if st.Published > 0 {
+					p.batches.Add(1)
+					if p.batchRows.Add(int64(st.Published)) == pt.target {
+						close(p.published)
+					}
 				}
-			case worker.OutcomeDuplicate:
-				p.dups.Add(1)
-			default:
-				p.other.Add(1)
-			}
-		},
-	})
-	must(b, err)
+			},
+		})
+		must(b, err)
+		runs = append(runs, relay.Run)
+	}
+	if pt.worker {
+		w, err := worker.New(worker.Config{
+			Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp,
+			Pool: db.newPool(b, s.workerConc+2), Broker: newBroker(b, kind, tp, s), Handler: handler(pt.onHandled),
+			Concurrency: s.workerConc, Prefetch: s.workerPrefetch, Logger: quietLogger,
+			OnOutcome: func(_ *broker.Message, o worker.Outcome, d time.Duration) {
+				p.handlerNanos.Add(int64(d))
+				switch o {
+				case worker.OutcomeAck:
+					if p.acked.Add(1) == pt.target {
+						close(p.done)
+					}
+				case worker.OutcomeDuplicate:
+					p.dups.Add(1)
+				default:
+					p.other.Add(1)
+				}
+			},
+		})
+		must(b, err)
+		runs = append(runs, w.Run)
+	}
 	rctx, cancel := context.WithCancel(ctx)
-	errs := make(chan error, 2)
-	go func() { errs <- relay.Run(rctx) }()
-	go func() { errs <- w.Run(rctx) }()
+	errs := make(chan error, len(runs))
+	for _, run := range runs {
+		go func() { errs <- run(rctx) }()
+	}
 	var once sync.Once
 	p.stop = func() {
 		once.Do(func() {
 			cancel()
-			for range 2 {
+			for range runs {
 				if err := <-errs; err != nil {
 					b.Errorf("bench: pipeline: %v", err)
 				}
@@ -407,6 +440,15 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 	return p
 }
 
+// stats describes how the relay batched and how long the worker's
+// transactions took.
+func (p *pipeline) stats() string {
+	n := max(p.batches.Load(), 1)
+	handled := max(p.acked.Load()+p.dups.Load()+p.other.Load(), 1)
+	return fmt.Sprintf("relay published %d batches of %.1f rows on average; worker transactions took %.2f ms on average",
+		p.batches.Load(), float64(p.batchRows.Load())/float64(n), ms(time.Duration(p.handlerNanos.Load()/handled)))
+}
+
 // wait blocks until the pipeline acked its target or timeout passed.
 func (p *pipeline) wait(b *testing.B, timeout time.Duration) {
 	b.Helper()
@@ -414,6 +456,17 @@ func (p *pipeline) wait(b *testing.B, timeout time.Duration) {
 	case <-p.done:
 	case <-time.After(timeout):
 		b.Fatalf("bench: only %d events handled (%d duplicates, %d retried or dead) after %v", p.acked.Load(), p.dups.Load(), p.other.Load(), timeout)
+	}
+}
+
+// waitPublished blocks until the relay published its target or timeout
+// passed.
+func (p *pipeline) waitPublished(b *testing.B, timeout time.Duration) {
+	b.Helper()
+	select {
+	case <-p.published:
+	case <-time.After(timeout):
+		b.Fatalf("bench: only %d events published after %v", p.batchRows.Load(), timeout)
 	}
 }
 

@@ -206,7 +206,7 @@ func apiCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "api",
 		Usage: "serve the notification HTTP API (POST /notifications, GET /notifications/{id})",
-		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), metricsFlags(), logFlags()),
+		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), metricsFlags(""), logFlags()),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runAPI(ctx) })
 		},
@@ -217,7 +217,7 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "publish committed outbox rows to the broker",
-		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), metricsFlags(), alertFlags(), logFlags()),
+		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
 		},
@@ -228,7 +228,7 @@ func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
 		Usage: "consume the notification queue and send the mails",
-		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), metricsFlags(), logFlags()),
+		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags()),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runWorker(ctx) })
 		},
@@ -254,7 +254,7 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), metricsFlags(), alertFlags(), logFlags()),
+		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {

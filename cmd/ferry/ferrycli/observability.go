@@ -42,11 +42,19 @@ const (
 	flagAlertTelegramAPIURL = "alert-telegram-api-url"
 )
 
-// metricsFlags: --metrics-addr, for every long-running command. api and
-// run also serve GET /metrics on --addr.
-func metricsFlags() []cli.Flag {
+// Default --metrics-addr of the roles without an HTTP API of their own, so
+// every role serves GET /metrics out of the box; they differ so that a relay
+// and a worker can run on one host (compose/docker-compose.yml uses them).
+const (
+	DefaultRelayMetricsAddr  = ":9464"
+	DefaultWorkerMetricsAddr = ":9465"
+)
+
+// metricsFlags: --metrics-addr (default def), for every long-running
+// command. api and run also serve GET /metrics on --addr.
+func metricsFlags(def string) []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagMetricsAddr, EnvVars: env(flagMetricsAddr),
+		&cli.StringFlag{Name: flagMetricsAddr, Value: def, EnvVars: env(flagMetricsAddr),
 			Usage: "listen address of a separate HTTP server for GET /metrics (Prometheus), e.g. :9464; api and run also serve GET /metrics on --addr. Empty: no separate server"},
 		&cli.StringFlag{Name: flagOTLPEndpoint, EnvVars: env(flagOTLPEndpoint),
 			Usage: "OTLP/HTTP trace receiver base URL, e.g. http://127.0.0.1:4318 (spans go to /v1/traces). Empty: no export; W3C traceparent is still propagated"},

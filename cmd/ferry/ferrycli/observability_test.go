@@ -31,7 +31,7 @@ func parseObs(t *testing.T, args ...string) (*obsSettings, error) {
 		ExitErrHandler: func(*cli.Context, error) {},
 		Commands: []*cli.Command{{
 			Name:  "relay",
-			Flags: concat(metricsFlags(), alertFlags()),
+			Flags: concat(metricsFlags(""), alertFlags()),
 			Action: func(c *cli.Context) error {
 				got, gotErr = loadObsSettings(c)
 				return nil

@@ -318,3 +318,40 @@ func paced(ctx context.Context, pool *pgxpool.Pool, n, rate, producers int, onCo
 	}
 	return time.Since(start), first
 }
+
+// BenchmarkCreate is context for BenchmarkEndToEnd: the rate at which
+// producers alone commit events (business row + outbox.Enqueue, one event
+// per transaction), with 4 and 8 producers, against the same rows
+// inserted without Enqueue's pg_notify. PostgreSQL serializes the commits
+// of transactions that sent a NOTIFY (a global lock is taken in pre-commit
+// and held through the WAL flush), so with NOTIFY the rate stops growing
+// with producers.
+func BenchmarkCreate(b *testing.B) {
+	for _, notify := range []bool{true, false} {
+		for _, producers := range []int{4, 8} {
+			name := fmt.Sprintf("enqueue/producers=%d", producers)
+			if !notify {
+				name = fmt.Sprintf("insert-without-notify/producers=%d", producers)
+			}
+			b.Run(name, func(b *testing.B) {
+				s := loadSettings()
+				n := s.events
+				db := newDatabase(b)
+				pool := db.newPool(b, producers)
+				ctx := benchCtx(b)
+				var d time.Duration
+				var err error
+				if notify {
+					d, err = produceBurst(ctx, pool, producers, n)
+				} else {
+					d, err = burst(ctx, producers, n, func() error { return produceWithoutNotify(ctx, pool) })
+				}
+				must(b, err)
+				rate := float64(n) / d.Seconds()
+				b.ReportMetric(rate, "events/s")
+				b.ReportMetric(0, "ns/op")
+				b.Logf("%s: %d events committed at %.0f events/s", name, n, rate)
+			})
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,8 +77,18 @@ func (s settings) String() string {
 	if s.workerPrefetch > 0 {
 		prefetch = strconv.Itoa(s.workerPrefetch)
 	}
-	return fmt.Sprintf("relay BatchSize=%d Concurrency=%d (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s (pool %d conns); producers=%d (pool %d conns)",
-		s.relayBatch, s.relayConc, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerConc+2, s.producers, s.producers)
+	return fmt.Sprintf("relay BatchSize=%d Concurrency=%d (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
+		s.relayBatch, s.relayConc, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
+}
+
+// machineLoad returns the 1-minute load average, to judge how far the
+// figures were disturbed by other work on the machine.
+func machineLoad() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Fields(string(b))[0]
 }
 
 func envInt(name string, def int) int {
@@ -312,6 +323,15 @@ func produce(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 // produceBurst commits n events from the given number of concurrent
 // producers, one event per transaction, and returns the elapsed time.
 func produceBurst(ctx context.Context, pool *pgxpool.Pool, producers, n int) (time.Duration, error) {
+	return burst(ctx, producers, n, func() error {
+		_, err := produce(ctx, pool)
+		return err
+	})
+}
+
+// burst runs one n times from the given number of goroutines and returns
+// the elapsed time and the first error.
+func burst(ctx context.Context, producers, n int, one func() error) (time.Duration, error) {
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup
@@ -321,8 +341,8 @@ func produceBurst(ctx context.Context, pool *pgxpool.Pool, producers, n int) (ti
 	start := time.Now()
 	for range producers {
 		wg.Go(func() {
-			for next.Add(1) <= int64(n) {
-				if _, err := produce(ctx, pool); err != nil {
+			for next.Add(1) <= int64(n) && ctx.Err() == nil {
+				if err := one(); err != nil {
 					errOnce.Do(func() { first = err })
 					return
 				}
@@ -331,6 +351,31 @@ func produceBurst(ctx context.Context, pool *pgxpool.Pool, producers, n int) (ti
 	}
 	wg.Wait()
 	return time.Since(start), first
+}
+
+// produceWithoutNotify writes what produce writes, with the outbox row
+// inserted by hand instead of outbox.Enqueue, so without its pg_notify.
+// For BenchmarkCreate only: nothing wakes a relay.
+func produceWithoutNotify(ctx context.Context, pool *pgxpool.Pool) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var id int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
+		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
+		RETURNING id`, "user-bench").Scan(&id); err != nil {
+		return fmt.Errorf("insert notification: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO outbox (event_type, partition_key, payload, headers)
+		VALUES ($1, $2, $3, jsonb_build_object('traceparent', $4::text))`,
+		eventType, "user-"+strconv.FormatInt(id%100, 10), eventBody(id), traceparent); err != nil {
+		return fmt.Errorf("insert outbox: %w", err)
+	}
+	return tx.Commit(ctx)
 }
 
 // handler is the benchmark's worker.Handler: only database work, the

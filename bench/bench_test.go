@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferrymq/ferry/broker"
-	"github.com/ferrymq/ferry/outbox"
 )
 
 // The benchmarks ignore b.N: each runs its fixed workload once and reports
@@ -34,12 +33,12 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			n := s.events
 			db := newDatabase(b)
 			tp := newTopology(b, kind)
-			br := newBroker(b, kind, tp, s)
+			newBroker(b, kind, tp, s) // declares the topology for the raw client
 
 			rawBefore := rawPublish(b, kind, tp, n)
 			purgeQueues(b, kind, tp)
 			fillOutbox(b, db, n)
-			relayRate, phases := drain(b, db, br, s, n)
+			relayRate, phases := drain(b, kind, db, tp, s, n)
 			purgeQueues(b, kind, tp)
 			rawAfter := rawPublish(b, kind, tp, n)
 
@@ -52,58 +51,26 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			b.Logf("%s: %d events, %s; %s", kind, n, describeMessage(), s)
 			b.Logf("%s: raw confirmed publish %.0f msgs/s (before %.0f, after %.0f)", kind, raw, rawBefore, rawAfter)
 			b.Logf("%s: relay %.0f msgs/s = %.2f x raw (aim >= 0.6)", kind, relayRate, ratio)
-			b.Logf("%s: relay batches: %s", kind, phases)
+			b.Logf("%s: %s", kind, phases)
 		})
 	}
 }
 
 // drain runs a relay over the outbox until n rows were published and
-// returns rows/s, Run start to the n-th row marked, and where a batch's
-// time went on average.
-func drain(b *testing.B, db database, br broker.Broker, s settings, n int) (float64, string) {
+// returns rows/s and where a batch's time went.
+func drain(b *testing.B, kind string, db database, tp broker.Topology, s settings, n int) (float64, string) {
 	b.Helper()
-	var (
-		published                   atomic.Int64
-		batches, total, pub, marked atomic.Int64
-	)
-	done := make(chan struct{})
-	r, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool: db.newPool(b, s.relayConc+2), Broker: br, BatchSize: s.relayBatch, Concurrency: s.relayConc,
-		Retention: -1, Logger: quietLogger,
-		OnBatch: func(st outbox.BatchStats) {
-			batches.Add(1)
-			total.Add(int64(st.Duration))
-			pub.Add(int64(st.PublishDuration))
-			marked.Add(int64(st.MarkDuration))
-			if published.Add(int64(st.Published)) == int64(n) {
-				close(done)
-			}
-		},
-	})
-	must(b, err)
-	ctx, cancel := context.WithCancel(benchCtx(b))
-	defer cancel()
-	errc := make(chan error, 1)
+	p := startPipeline(b, kind, db, tp, s, parts{relay: true, target: int64(n)})
 	start := time.Now()
-	go func() { errc <- r.Run(ctx) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("bench: relay published %d of %d rows in 5 min", published.Load(), n)
-	}
-	elapsed := time.Since(start)
-	cancel()
-	must(b, <-errc)
+	p.waitPublished(b, 5*time.Minute)
+	rate := float64(n) / time.Since(start).Seconds()
+	p.stop()
 	var left int64
 	must(b, db.pool.QueryRow(benchCtx(b), `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&left))
 	if left != 0 {
 		b.Errorf("bench: %d outbox rows left unpublished", left)
 	}
-	k := max(batches.Load(), 1)
-	avg := func(v *atomic.Int64) float64 { return ms(time.Duration(v.Load() / k)) }
-	phases := fmt.Sprintf("%d batches of %.0f rows, each %.2f ms on average = claim %.2f + publish %.2f + mark/commit %.2f ms",
-		batches.Load(), float64(n)/float64(k), avg(&total), avg(&total)-avg(&pub)-avg(&marked), avg(&pub), avg(&marked))
-	return float64(n) / elapsed.Seconds(), phases
+	return rate, p.relayStats()
 }
 
 // BenchmarkEndToEnd commits a burst of N events from concurrent producers
@@ -146,11 +113,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			staged := newDatabase(b)
 			fillBusiness(b, staged, n)
 			stp := newTopology(b, kind)
-			rp := startPipeline(b, kind, staged, stp, s, parts{relay: true, target: int64(n)})
-			rstart := time.Now()
-			rp.waitPublished(b, 5*time.Minute)
-			relayRate := float64(n) / time.Since(rstart).Seconds()
-			rp.stop()
+			relayRate, relayPhases := drain(b, kind, staged, stp, s, n)
 			wp := startPipeline(b, kind, staged, stp, s, parts{worker: true, target: int64(n)})
 			wstart := time.Now()
 			wp.wait(b, 5*time.Minute)
@@ -172,7 +135,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			b.Logf("%s: end to end %.0f events/s (aim >= 3000): all %d handled %.2fs after the first commit; producers committed at %.0f events/s meanwhile; %d duplicates, %d retried/dead",
 				kind, rate, n, elapsed.Seconds(), float64(n)/pd.Seconds(), p.dups.Load(), p.other.Load())
 			b.Logf("%s: %s", kind, pstats)
-			b.Logf("%s: stages alone: relay %.0f events/s (%s); worker %.0f events/s (%s)", kind, relayRate, rp.stats(), workerRate, wp.stats())
+			b.Logf("%s: stages alone: relay %.0f events/s (%s); worker %.0f events/s (%s)", kind, relayRate, relayPhases, workerRate, wp.workerStats())
 		})
 	}
 }

@@ -29,7 +29,7 @@ import (
 func BenchmarkRelayThroughput(b *testing.B) {
 	for _, kind := range kinds {
 		b.Run(kind, func(b *testing.B) {
-			s := loadSettings()
+			s := loadSettings(b)
 			n := s.events
 			db := newDatabase(b)
 			tp := newTopology(b, kind)
@@ -82,7 +82,7 @@ func drain(b *testing.B, kind string, db database, tp broker.Topology, s setting
 func BenchmarkEndToEnd(b *testing.B) {
 	for _, kind := range kinds {
 		b.Run(kind, func(b *testing.B) {
-			s := loadSettings()
+			s := loadSettings(b)
 			n := s.events
 			ctx := benchCtx(b)
 
@@ -148,7 +148,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 func BenchmarkLatency(b *testing.B) {
 	for _, kind := range kinds {
 		b.Run(kind, func(b *testing.B) {
-			s := loadSettings()
+			s := loadSettings(b)
 			n, rate := s.latencyEvents, s.latencyRate
 			const warm = 50
 			ctx := benchCtx(b)
@@ -297,7 +297,7 @@ func BenchmarkCreate(b *testing.B) {
 				name = fmt.Sprintf("insert-without-notify/producers=%d", producers)
 			}
 			b.Run(name, func(b *testing.B) {
-				s := loadSettings()
+				s := loadSettings(b)
 				n := s.events
 				db := newDatabase(b)
 				pool := db.newPool(b, producers)

@@ -44,8 +44,9 @@ const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 var kinds = []string{"rabbitmq", "nats"}
 
 // settings are the tunables, all public configuration of ferry's packages.
-// Each can be overridden by an environment variable (named in envInt) to
-// explore without editing the file.
+// Each can be overridden by an environment variable (named in
+// loadSettings) to explore without editing the file; a bad value fails the
+// benchmark.
 type settings struct {
 	events          int // events per throughput run
 	producers       int // concurrent producers (one event per transaction)
@@ -58,7 +59,18 @@ type settings struct {
 	latencyRate     int // events/s of the latency run
 }
 
-func loadSettings() settings {
+func loadSettings(b *testing.B) settings {
+	envInt := func(name string, def int) int {
+		v := os.Getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("bench: %s=%q: want a positive integer", name, v)
+		}
+		return n
+	}
 	return settings{
 		events:          envInt("FERRY_BENCH_EVENTS", 20000),
 		producers:       envInt("FERRY_BENCH_PRODUCERS", 4),
@@ -89,18 +101,6 @@ func machineLoad() string {
 		return "unknown"
 	}
 	return strings.Fields(string(b))[0]
-}
-
-func envInt(name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		panic(fmt.Sprintf("bench: %s=%q: want a positive integer", name, v))
-	}
-	return n
 }
 
 // quietLogger drops the relay's and worker's info lines (start, stop) so

@@ -2,6 +2,7 @@
 #
 #   make test       start the servers (compose/local/services.sh up), point the
 #                   tests at them and run every package's tests, one at a time
+#   make bench      print the throughput and latency figures (bench/README.md)
 #   make services   start the servers and print their addresses
 #   make services-down
 #   make demo       the sample end to end with embedded servers (no install)
@@ -17,10 +18,14 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 45m
 PKGS     ?= ./...
 DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
-.PHONY: test services services-down services-status demo build vet
+.PHONY: test bench services services-down services-status demo build vet
 
 test:
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
+
+# The figures of bench/README.md (about 3 minutes); prints, asserts nothing.
+bench:
+	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
 
 services:
 	$(SERVICES) up && $(SERVICES) status && $(SERVICES) env

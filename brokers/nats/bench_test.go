@@ -2,8 +2,9 @@ package nats_test
 
 import (
 	"context"
-
+	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +18,14 @@ import (
 	"github.com/ferrymq/ferry/worker/workertest"
 )
 
-const benchBatch = 100
-
 var benchBody = []byte(`{"to":"user@example.com","subject":"Welcome","template":"welcome","user_id":42}`)
+
+const benchTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// benchShapes are the batch shapes both publish benchmarks run: the
+// relay's default batch, and the bench package's relay settings (batch
+// 500, 2 claim loops publishing concurrently through one connection).
+var benchShapes = []struct{ batch, callers int }{{100, 1}, {500, 1}, {500, 2}}
 
 // benchTopology declares a one-queue topology (so interest retention
 // stores the messages) and returns the broker and the event type.
@@ -30,68 +36,117 @@ func benchTopology(b *testing.B) (broker.Broker, broker.Topology, string) {
 	return bk, tp, "bench.created"
 }
 
-// BenchmarkRawPublish is the baseline: nats.go jetstream async publishes
-// of batches of 100 to the same stream and subject the adapter uses, with
-// Nats-Msg-Id, every PubAck awaited.
-func BenchmarkRawPublish(b *testing.B) {
-	_, tp, typ := benchTopology(b)
-	nc, err := natsgo.Connect(testenv.NATSURL())
-	require.NoError(b, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192))
-	require.NoError(b, err)
-	subject := nats.StreamName(tp.Exchange) + "." + typ
+// runBatches splits b.N messages into batches of size batch over callers
+// goroutines, calls publish(first, n) for each batch, and reports msgs/s.
+func runBatches(b *testing.B, batch, callers int, publish func(first, n int) error) {
+	var (
+		mu   sync.Mutex
+		next int
+		wg   sync.WaitGroup
+		errs = make(chan error, callers)
+	)
+	take := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		first := next
+		n := min(batch, b.N-first)
+		next += n
+		return first, n
+	}
 	b.ResetTimer()
 	start := time.Now()
-	for sent := 0; sent < b.N; {
-		n := min(benchBatch, b.N-sent)
-		futures := make([]jetstream.PubAckFuture, n)
-		for i := range futures {
-			m := natsgo.NewMsg(subject)
-			m.Data = benchBody
-			m.Header.Set(jetstream.MsgIDHeader, "raw-"+strconv.Itoa(sent+i))
-			f, err := js.PublishMsgAsync(m)
-			if err != nil {
-				b.Fatal(err)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				first, n := take()
+				if n <= 0 {
+					return
+				}
+				if err := publish(first, n); err != nil {
+					errs <- err
+					return
+				}
 			}
-			futures[i] = f
-		}
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				b.Fatal(err)
-			}
-		}
-		sent += n
+		}()
 	}
+	wg.Wait()
 	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 }
 
-// BenchmarkAdapterPublish is broker.Broker.Publish in batches of 100, the
-// relay's shape: validation, routing check, headers, async publish, every
-// PubAck awaited.
-func BenchmarkAdapterPublish(b *testing.B) {
-	bk, _, typ := benchTopology(b)
-	ctx := context.Background()
-	created := broker.FormatTime(time.Now())
-	b.ResetTimer()
-	start := time.Now()
-	for sent := 0; sent < b.N; {
-		n := min(benchBatch, b.N-sent)
-		msgs := make([]*broker.Message, n)
-		for i := range msgs {
-			msgs[i] = &broker.Message{ID: strconv.Itoa(sent + i), Type: typ, Key: "user-42", Body: benchBody,
-				Headers: map[string]string{broker.HeaderCreatedAt: created}}
-		}
-		if err := bk.Publish(ctx, msgs); err != nil {
-			b.Fatal(err)
-		}
-		sent += n
+// BenchmarkRawPublish is the baseline: nats.go jetstream async publishes
+// to the same stream and subject the adapter uses, with the same headers
+// the adapter puts on the wire (Nats-Msg-Id, Ferry-Id, Ferry-Type,
+// Ferry-Key, traceparent, x-created-at), every PubAck of a batch awaited
+// before the caller's next batch.
+func BenchmarkRawPublish(b *testing.B) {
+	for _, s := range benchShapes {
+		b.Run(fmt.Sprintf("batch=%d/callers=%d", s.batch, s.callers), func(b *testing.B) {
+			_, tp, typ := benchTopology(b)
+			nc, err := natsgo.Connect(testenv.NATSURL())
+			require.NoError(b, err)
+			defer nc.Close()
+			js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192))
+			require.NoError(b, err)
+			subject := nats.StreamName(tp.Exchange) + "." + typ
+			created := broker.FormatTime(time.Now())
+			runBatches(b, s.batch, s.callers, func(first, n int) error {
+				futures := make([]jetstream.PubAckFuture, n)
+				for i := range futures {
+					id := strconv.Itoa(first + i)
+					m := &natsgo.Msg{Subject: subject, Data: benchBody, Header: natsgo.Header{
+						jetstream.MsgIDHeader:    []string{id + "@" + created},
+						"Ferry-Id":               []string{id},
+						"Ferry-Type":             []string{typ},
+						"Ferry-Key":              []string{"user-42"},
+						broker.HeaderTraceparent: []string{benchTraceparent},
+						broker.HeaderCreatedAt:   []string{created},
+					}}
+					f, err := js.PublishMsgAsync(m)
+					if err != nil {
+						return err
+					}
+					futures[i] = f
+				}
+				for _, f := range futures {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						return err
+					}
+				}
+				return nil
+			})
+		})
 	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
+
+// BenchmarkAdapterPublish is broker.Broker.Publish in the shapes of
+// BenchmarkRawPublish, with the relay's messages (ID, Type, Key,
+// traceparent and created-at headers): validation, routing check,
+// headers, async publish, every PubAck awaited.
+func BenchmarkAdapterPublish(b *testing.B) {
+	for _, s := range benchShapes {
+		b.Run(fmt.Sprintf("batch=%d/callers=%d", s.batch, s.callers), func(b *testing.B) {
+			bk, _, typ := benchTopology(b)
+			ctx := context.Background()
+			created := broker.FormatTime(time.Now())
+			runBatches(b, s.batch, s.callers, func(first, n int) error {
+				msgs := make([]*broker.Message, n)
+				for i := range msgs {
+					msgs[i] = &broker.Message{ID: strconv.Itoa(first + i), Type: typ, Key: "user-42", Body: benchBody,
+						Headers: map[string]string{broker.HeaderCreatedAt: created, broker.HeaderTraceparent: benchTraceparent}}
+				}
+				return bk.Publish(ctx, msgs)
+			})
+		})
+	}
 }
 
 // BenchmarkWorker runs the worker's benchmark (package workertest) on NATS.

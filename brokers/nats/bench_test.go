@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func runBatches(b *testing.B, batch, callers int, publish func(first, n int) err
 		return first, n
 	}
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for range callers {
 		wg.Add(1)
 		go func() {
@@ -78,6 +79,18 @@ func runBatches(b *testing.B, batch, callers int, publish func(first, n int) err
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/msg")
+}
+
+// processCPU is the user+system CPU time this process has used: on a
+// shared machine the client's cost per message is steadier than its
+// throughput, which also depends on the server's share of the CPU.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkRawPublish is the baseline: nats.go jetstream async publishes

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -68,6 +69,11 @@ type declared struct {
 	names    names
 	topology broker.Topology
 	queues   map[string]*queueInfo
+
+	// routes caches Publish's decision per Type (see route); routesMu
+	// serialises its copy-on-write updates.
+	routes   atomic.Pointer[map[string]*route]
+	routesMu sync.Mutex
 }
 
 // queueInfo is one declared queue.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,9 +56,10 @@ func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error 
 		failed = append(failed, broker.FailedMessage{Index: i, ID: id, Err: err})
 	}
 	futures := make([]jetstream.PubAckFuture, len(msgs))
+	wire := make([]natsgo.Msg, len(msgs)) // one allocation for the batch
 	for i, m := range msgs {
-		nm, err := b.toWire(d, m)
-		if err != nil {
+		nm := &wire[i]
+		if err := b.toWire(d, m, nm); err != nil {
 			if !errors.Is(err, broker.ErrMessageTooLarge) && !errors.Is(err, broker.ErrUnroutable) {
 				// An invalid message: refused for itself, like a nack, so
 				// the caller does not take it for a broker outage.
@@ -68,11 +68,7 @@ func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error 
 			fail(i, err)
 			continue
 		}
-		stall := 200 * time.Millisecond
-		if dl, ok := ctx.Deadline(); ok {
-			stall = max(time.Until(dl), time.Millisecond)
-		}
-		f, err := b.js.PublishMsgAsync(nm, jetstream.WithStallWait(stall))
+		f, err := b.publishAsync(ctx, nm)
 		if err != nil {
 			fail(i, b.publishErr(m, err))
 			continue
@@ -112,6 +108,27 @@ func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error 
 	return &broker.PublishError{Failed: failed}
 }
 
+// publishAsync starts the asynchronous publish of nm. When
+// PublishAsyncMaxPending PubAcks are outstanding on the connection it
+// waits for a free slot until ctx is done or the broker closes, in the
+// client's default stall waits, rather than passing a per-message
+// WithStallWait option (which costs an option allocation per message).
+func (b *natsBroker) publishAsync(ctx context.Context, nm *natsgo.Msg) (jetstream.PubAckFuture, error) {
+	for {
+		f, err := b.js.PublishMsgAsync(nm)
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			return f, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%w)", err, ctx.Err())
+		case <-b.closeCh:
+			return nil, fmt.Errorf("%w (%w)", err, broker.ErrClosed)
+		default:
+		}
+	}
+}
+
 // publishErr maps a JetStream publish error onto the broker errors.
 func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 	var apiErr *jetstream.APIError
@@ -135,52 +152,115 @@ func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 // an ID within the duplicate window has a different creation time and is
 // not mistaken for a duplicate.
 func msgID(m *broker.Message) string {
-	if c := m.Headers[broker.HeaderCreatedAt]; c != "" {
-		return m.ID + "@" + c
-	}
-	return m.ID
+	return msgIDWith(m.ID, m.Headers[broker.HeaderCreatedAt])
 }
 
-// toWire validates m and builds its NATS message on subject
-// <stream>.<Type>.
-func (b *natsBroker) toWire(d *declared, m *broker.Message) (*natsgo.Msg, error) {
+func msgIDWith(id, createdAt string) string {
+	if createdAt != "" {
+		return id + "@" + createdAt
+	}
+	return id
+}
+
+// route is the publish decision for one Type on one declared exchange,
+// computed once (see declared.route).
+type route struct {
+	// subject is <stream>.<Type>.
+	subject string
+	// invalid is why Type is not usable as NATS subject words, or nil.
+	invalid error
+	// unroutable is true when no declared queue binds Type.
+	unroutable bool
+}
+
+// maxCachedRoutes bounds declared.routes; the decision for further Types
+// is computed per message.
+const maxCachedRoutes = 1024
+
+// route returns the publish decision for typ. The declared topology never
+// changes (Declare builds a new declared), so the decision is cached per
+// Type in a copy-on-write map that concurrent Publish calls read without
+// a lock.
+func (d *declared) route(typ string) *route {
+	if m := d.routes.Load(); m != nil {
+		if r, ok := (*m)[typ]; ok {
+			return r
+		}
+	}
+	r := &route{subject: d.names.eventSubject(typ)}
+	if err := validSubjectWords(typ); err != nil {
+		r.invalid = err
+	} else {
+		r.unroutable = !bindsType(d.topology, typ)
+	}
+	d.routesMu.Lock()
+	defer d.routesMu.Unlock()
+	old := d.routes.Load()
+	if old != nil && len(*old) >= maxCachedRoutes {
+		return r
+	}
+	m := make(map[string]*route, 1+lenOf(old))
+	if old != nil {
+		for k, v := range *old {
+			m[k] = v
+		}
+	}
+	m[typ] = r
+	d.routes.Store(&m)
+	return r
+}
+
+func lenOf(m *map[string]*route) int {
 	if m == nil {
-		return nil, errors.New("nats: publish: nil message")
+		return 0
 	}
-	if m.ID == "" || len(m.ID) > 255 {
-		return nil, fmt.Errorf("nats: publish: message ID %q: want 1 to 255 bytes", m.ID)
-	}
-	if err := validSubjectWords(m.Type); err != nil {
-		return nil, fmt.Errorf("nats: publish %s: Type %q: %v", m.ID, m.Type, err)
-	}
-	if size := m.Size(); size > b.caps.MaxMessageBytes {
-		return nil, fmt.Errorf("%w: nats: publish %s: %d bytes, at most %d", broker.ErrMessageTooLarge, m.ID, size, b.caps.MaxMessageBytes)
-	}
-	routed := false
-	for _, q := range d.topology.Queues {
+	return len(*m)
+}
+
+// bindsType reports whether some queue of t binds typ.
+func bindsType(t broker.Topology, typ string) bool {
+	for _, q := range t.Queues {
 		for _, p := range q.Bindings {
-			if broker.MatchRoutingKey(p, m.Type) {
-				routed = true
-				break
+			if broker.MatchRoutingKey(p, typ) {
+				return true
 			}
 		}
-		if routed {
-			break
-		}
 	}
-	if !routed {
-		return nil, fmt.Errorf("%w: nats: publish %s: no queue of exchange %s binds type %q", broker.ErrUnroutable, m.ID, d.exchange, m.Type)
+	return false
+}
+
+// toWire validates m and fills nm with its NATS message on subject
+// <stream>.<Type>. The checks, in order (the first failing one is
+// reported): ID, Type, Capabilities.MaxMessageBytes, routing, headers, ID
+// and Key characters, the server's max_payload with header framing.
+func (b *natsBroker) toWire(d *declared, m *broker.Message, nm *natsgo.Msg) error {
+	if m == nil {
+		return errors.New("nats: publish: nil message")
 	}
-	h, err := wireHeaders(m)
-	if err != nil {
-		return nil, err
+	if m.ID == "" || len(m.ID) > 255 {
+		return fmt.Errorf("nats: publish: message ID %q: want 1 to 255 bytes", m.ID)
 	}
-	h[jetstream.MsgIDHeader] = []string{msgID(m)}
-	nm := &natsgo.Msg{Subject: d.names.eventSubject(m.Type), Header: h, Data: m.Body}
-	if n := wireSize(nm); n > b.maxPayload {
-		return nil, fmt.Errorf("%w: nats: publish %s: %d bytes with header framing, the server's max_payload is %d", broker.ErrMessageTooLarge, m.ID, n, b.maxPayload)
+	r := d.route(m.Type)
+	if r.invalid != nil {
+		return fmt.Errorf("nats: publish %s: Type %q: %v", m.ID, m.Type, r.invalid)
 	}
-	return nm, nil
+	w := encodeHeaders(m, 1)
+	if size := len(m.Body) + len(m.ID) + len(m.Type) + len(m.Key) + w.userBytes; size > b.caps.MaxMessageBytes {
+		return fmt.Errorf("%w: nats: publish %s: %d bytes, at most %d", broker.ErrMessageTooLarge, m.ID, size, b.caps.MaxMessageBytes)
+	}
+	if r.unroutable {
+		return fmt.Errorf("%w: nats: publish %s: no queue of exchange %s binds type %q", broker.ErrUnroutable, m.ID, d.exchange, m.Type)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	id := msgIDWith(m.ID, w.createdAt)
+	w.put(jetstream.MsgIDHeader, id)
+	*nm = natsgo.Msg{Subject: r.subject, Header: w.h, Data: m.Body}
+	if n := len(m.Body) + w.wireLen; n > b.maxPayload {
+		return fmt.Errorf("%w: nats: publish %s: %d bytes with header framing, the server's max_payload is %d", broker.ErrMessageTooLarge, m.ID, n, b.maxPayload)
+	}
+	return nil
 }
 
 // wireHeaders validates m's headers and returns them with the adapter's
@@ -189,44 +269,108 @@ func (b *natsBroker) toWire(d *declared, m *broker.Message) (*natsgo.Msg, error)
 // values, so a value (or ID or Key) that has them is sent base64-encoded
 // and its header name listed in hdrEncoded; fromWire decodes it.
 func wireHeaders(m *broker.Message) (natsgo.Header, error) {
-	h := make(natsgo.Header, len(m.Headers)+4)
-	set := func(k, v string) {
-		if v != strings.Trim(v, " \t") {
-			h[hdrEncoded] = append(h[hdrEncoded], k)
-			v = base64.StdEncoding.EncodeToString([]byte(v))
-		}
-		h[k] = []string{v}
+	w := encodeHeaders(m, 1)
+	if w.err != nil {
+		return nil, w.err
+	}
+	return w.h, nil
+}
+
+// wireHeader is a message's NATS header block being built by
+// encodeHeaders.
+type wireHeader struct {
+	h natsgo.Header
+	// vals backs the one-value slices of h, so the values of a message
+	// take one allocation; each slice has capacity 1, so an append to one
+	// never overwrites the next.
+	vals []string
+	// userBytes is m.HeaderBytes(): the message's own header names and
+	// values, unencoded.
+	userBytes int
+	// wireLen is the header block's size on the wire: "NATS/1.0\r\n",
+	// "Key: Value\r\n" per value, "\r\n".
+	wireLen int
+	// createdAt is the message's HeaderCreatedAt.
+	createdAt string
+	// err is the first invalid header, ID or Key, or nil.
+	err error
+}
+
+func (w *wireHeader) put(k, v string) {
+	if len(w.vals) == 0 {
+		w.vals = make([]string, 4)
+	}
+	w.vals[0] = v
+	w.h[k] = w.vals[0:1:1]
+	w.vals = w.vals[1:]
+	w.wireLen += len(k) + len(v) + 4
+}
+
+// set puts k with v, base64-encoded (and k listed in hdrEncoded) when v
+// has leading or trailing blanks, which NATS would trim.
+func (w *wireHeader) set(k, v string) {
+	if n := len(v); n > 0 && (isBlank(v[0]) || isBlank(v[n-1])) {
+		w.h[hdrEncoded] = append(w.h[hdrEncoded], k)
+		w.wireLen += len(hdrEncoded) + len(k) + 4
+		v = base64.StdEncoding.EncodeToString([]byte(v))
+	}
+	w.put(k, v)
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' }
+
+// encodeHeaders builds m's wire headers in one pass over m.Headers, with
+// room for extra more headers. It always sums userBytes over every header,
+// even after an invalid one, so that the size check comes first.
+func encodeHeaders(m *broker.Message, extra int) wireHeader {
+	n := len(m.Headers) + 3 + extra
+	w := wireHeader{
+		h:       make(natsgo.Header, n),
+		vals:    make([]string, n),
+		wireLen: len("NATS/1.0\r\n") + 2,
 	}
 	for k, v := range m.Headers {
-		if err := validHeader(k, v); err != nil {
-			return nil, fmt.Errorf("nats: publish %s: %w", m.ID, err)
+		w.userBytes += len(k) + len(v)
+		if w.err != nil {
+			continue
 		}
-		set(k, v)
+		if err := validHeader(k, v); err != nil {
+			w.err = fmt.Errorf("nats: publish %s: %w", m.ID, err)
+			continue
+		}
+		if k == broker.HeaderCreatedAt {
+			w.createdAt = v
+		}
+		w.set(k, v)
+	}
+	if w.err != nil {
+		return w
 	}
 	if strings.ContainsAny(m.ID, "\r\n") {
-		return nil, fmt.Errorf("nats: publish: ID %q: must not contain CR or LF", m.ID)
+		w.err = fmt.Errorf("nats: publish: ID %q: must not contain CR or LF", m.ID)
+		return w
 	}
-	set(hdrID, m.ID)
-	h[hdrType] = []string{m.Type}
+	w.set(hdrID, m.ID)
+	w.put(hdrType, m.Type)
 	if m.Key != "" {
 		if strings.ContainsAny(m.Key, "\r\n") {
-			return nil, fmt.Errorf("nats: publish %s: Key %q: must not contain CR or LF", m.ID, m.Key)
+			w.err = fmt.Errorf("nats: publish %s: Key %q: must not contain CR or LF", m.ID, m.Key)
+			return w
 		}
-		set(hdrKey, m.Key)
+		w.set(hdrKey, m.Key)
 	}
-	return h, nil
+	return w
 }
 
 func validHeader(k, v string) error {
 	if k == "" {
 		return errors.New("header with an empty name")
 	}
-	lk := strings.ToLower(k)
-	if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "ferry-") {
+	if hasPrefixFold(k, "nats-") || hasPrefixFold(k, "ferry-") {
 		return fmt.Errorf("header %q: names starting with Nats- or Ferry- are reserved", k)
 	}
-	for _, r := range k {
-		if r <= ' ' || r == ':' || r >= 0x7f {
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c == ':' || c >= 0x7f {
 			return fmt.Errorf("header %q: a NATS header name is printable ASCII without spaces or ':'", k)
 		}
 	}
@@ -236,20 +380,22 @@ func validHeader(k, v string) error {
 	return nil
 }
 
-// wireSize is the payload size NATS counts against max_payload: the
-// header block ("NATS/1.0\r\n", "Key: Value\r\n" per value, "\r\n") plus
-// the data.
-func wireSize(m *natsgo.Msg) int {
-	n := len(m.Data)
-	if len(m.Header) > 0 {
-		n += len("NATS/1.0\r\n") + 2
-		for k, vs := range m.Header {
-			for _, v := range vs {
-				n += len(k) + 2 + len(v) + 2
-			}
+// hasPrefixFold reports whether s starts with the lower-case ASCII
+// prefix, ignoring ASCII case.
+func hasPrefixFold(s, prefix string) bool {
+	if len(s) < len(prefix) {
+		return false
+	}
+	for i := 0; i < len(prefix); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != prefix[i] {
+			return false
 		}
 	}
-	return n
+	return true
 }
 
 // fromWire converts a stored NATS message back to a broker.Message:

@@ -1,0 +1,248 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// The statements of a batch. The dedup rows are inserted in one statement,
+// in sorted ID order so that two batches sharing IDs lock them in the same
+// order (no deadlock); each new message then runs in the savepoint
+// batchSavepoint, released (merged into the transaction) before the next
+// message's savepoint is set in the same round trip.
+const (
+	batchDedupSQL      = `INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
+	batchUndedupSQL    = `DELETE FROM processed_messages WHERE consumer = $1 AND message_id = $2`
+	batchSavepoint     = `SAVEPOINT ferry_worker_msg`
+	batchNextSavepoint = `RELEASE SAVEPOINT ferry_worker_msg; SAVEPOINT ferry_worker_msg`
+	batchRollbackTo    = `ROLLBACK TO SAVEPOINT ferry_worker_msg`
+)
+
+// errBatch marks a failure of the batch as a whole that is not a database
+// outage (a dedup ID the database refuses, a broken savepoint, a failed
+// commit): nothing of the batch committed — or, for a commit whose answer
+// was lost, everything did — and each message is handled again alone,
+// where its own failure is judged as with BatchSize 1.
+var errBatch = errors.New("worker: batch failed")
+
+// gather returns first plus the deliveries sub hands out at once, up to
+// BatchSize in all. It waits at most BatchLinger for each further one and
+// stops at the first Receive error (a closed subscription is reported by
+// the next blocking Receive of loop).
+func (w *Worker) gather(loopCtx context.Context, sub broker.Subscription, first broker.Delivery) []broker.Delivery {
+	batch := make([]broker.Delivery, 1, w.cfg.BatchSize)
+	batch[0] = first
+	for len(batch) < w.cfg.BatchSize && loopCtx.Err() == nil {
+		ctx, cancel := context.WithTimeout(loopCtx, w.cfg.BatchLinger)
+		d, err := sub.Receive(ctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		batch = append(batch, d)
+	}
+	return batch
+}
+
+// batchState is where one delivery of a batch stands.
+type batchState int
+
+const (
+	batchPending   batchState = iota // not handled yet
+	batchDuplicate                   // processed before, or twice in the batch
+	batchDone                        // the handler succeeded
+	batchFailed                      // the handler failed; its dedup row is removed
+)
+
+// batchItem is one delivery of a batch.
+type batchItem struct {
+	d     broker.Delivery
+	msg   *broker.Message
+	ext   *extender
+	state batchState
+	err   error // the handler's error when state is batchFailed
+}
+
+// handleBatch processes deliveries in one transaction and settles each
+// one. runCtx is Run's ctx (done when the shutdown starts), ctx the
+// handlers' ctx.
+func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) {
+	items := make([]*batchItem, 0, len(ds))
+	for _, d := range ds {
+		msg := d.Message()
+		if msg.ID == "" {
+			w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
+			continue
+		}
+		items = append(items, &batchItem{d: d, msg: msg})
+	}
+	switch len(items) {
+	case 0:
+		return
+	case 1:
+		w.handle(runCtx, ctx, items[0].d)
+		return
+	}
+	for _, it := range items {
+		it.ext = w.startExtender(it.d)
+	}
+	stopAll := func() {
+		for _, it := range items {
+			it.ext.stop()
+		}
+	}
+
+	start := time.Now()
+	err := w.processBatch(ctx, items)
+	// As in handle: while the database is unavailable, hold the batch and
+	// try again without spending an attempt.
+	for backoff := 100 * time.Millisecond; err != nil && errors.Is(err, errDatabase); backoff = min(2*backoff, 5*time.Second) {
+		w.log.Error("worker: database unavailable; holding the batch and trying again", "messages", len(items), "err", err, "retry_in", backoff)
+		select {
+		case <-runCtx.Done():
+			stopAll()
+			w.log.Warn("worker: shutdown while the database is unavailable; batch left for redelivery", "messages", len(items))
+			return
+		case <-time.After(backoff):
+		}
+		start = time.Now()
+		err = w.processBatch(ctx, items)
+	}
+	dur := time.Since(start)
+
+	switch {
+	case err == nil:
+		stopAll()
+		for _, it := range items {
+			switch it.state {
+			case batchDuplicate:
+				w.ack(ctx, it.d, it.msg, OutcomeDuplicate, dur)
+			case batchDone:
+				w.ack(ctx, it.d, it.msg, OutcomeAck, dur)
+			case batchFailed:
+				if ctx.Err() != nil {
+					w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", it.msg.ID, "err", it.err)
+					continue
+				}
+				w.settle(ctx, it.d, it.msg, it.err, dur, false)
+			}
+		}
+	case ctx.Err() != nil:
+		stopAll()
+		w.log.Warn("worker: batch cancelled by shutdown; messages left for redelivery", "messages", len(items), "err", err)
+	default:
+		// Not the messages' fault as far as we know: handle each alone,
+		// which also decides for a lost commit answer (its dedup rows are
+		// then found and the deliveries acked as duplicates).
+		w.log.Warn("worker: batch failed; handling its messages one by one", "messages", len(items), "err", err)
+		for _, it := range items {
+			w.handleExtended(runCtx, ctx, it.d, it.ext)
+		}
+	}
+}
+
+// processBatch runs the dedup insert for every item, the handler of each
+// new message in its own savepoint, and the commit, in one transaction. On
+// nil every item's state is set; otherwise nothing was committed (unless a
+// commit's answer was lost) and the error wraps errDatabase (hold and try
+// again), errBatch (handle each message alone) or is ctx's error.
+func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
+	for _, it := range items {
+		it.state, it.err = batchPending, nil
+	}
+	tx, err := w.cfg.Pool.Begin(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+	}
+	defer w.rollback(ctx, tx) // after Commit: a no-op
+
+	ids := make([]string, 0, len(items))
+	for _, it := range items {
+		ids = append(ids, it.msg.ID)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	inserted, err := w.insertDedup(ctx, tx, ids)
+	if err != nil {
+		return err
+	}
+	var savepoint bool
+	for _, it := range items {
+		if !inserted[it.msg.ID] {
+			it.state = batchDuplicate
+			continue
+		}
+		delete(inserted, it.msg.ID) // a second delivery of it in this batch is a duplicate
+		sql := batchSavepoint
+		if savepoint {
+			sql = batchNextSavepoint
+		}
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return w.batchErr(ctx, "savepoint", err)
+		}
+		savepoint = true
+		if err := w.callHandler(ctx, tx, it.msg); err != nil {
+			it.state, it.err = batchFailed, err
+			// Undo the handler's writes and the message's dedup row, so
+			// the retry is handled like a first delivery.
+			if _, err := tx.Exec(ctx, batchRollbackTo); err != nil {
+				return w.batchErr(ctx, "roll back to savepoint", err)
+			}
+			if _, err := tx.Exec(ctx, batchUndedupSQL, w.cfg.Consumer, it.msg.ID); err != nil {
+				return w.batchErr(ctx, "delete the dedup row of a failed message", err)
+			}
+			continue
+		}
+		it.state = batchDone
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return w.batchErr(ctx, "commit", err)
+	}
+	return nil
+}
+
+// insertDedup inserts (Consumer, id) for each of ids and returns the ids
+// inserted, i.e. not processed before.
+func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]bool, error) {
+	rows, _ := tx.Query(ctx, batchDedupSQL, w.cfg.Consumer, ids)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		var pgErr *pgconn.PgError
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
+			// Data exception: some message ID is unusable; alone, that
+			// message is dead-lettered and the others handled.
+			return nil, fmt.Errorf("%w: insert into %s: %w", errBatch, DedupTable, err)
+		default:
+			return nil, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
+		}
+	}
+	inserted := make(map[string]bool, len(got))
+	for _, id := range got {
+		inserted[id] = true
+	}
+	return inserted, nil
+}
+
+// batchErr wraps a failure of a batch statement in errBatch, or returns
+// ctx's error when the handlers' ctx was cancelled.
+func (w *Worker) batchErr(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: %s: %w", errBatch, what, err)
+}

@@ -34,6 +34,12 @@ func TestWorkerRabbitMQ(t *testing.T) {
 	workertest.RunWorkerSuite(t, newRabbitMQ)
 }
 
+// TestWorkerRabbitMQBatch8 runs the whole suite again with batches of up to
+// 8 deliveries per transaction, plus the tests of batches.
+func TestWorkerRabbitMQBatch8(t *testing.T) {
+	workertest.RunWorkerSuiteWith(t, newRabbitMQ, workertest.SuiteOptions{BatchSize: 8})
+}
+
 // BenchmarkWorker reports the worker's msgs/s on RabbitMQ and PostgreSQL
 // with a handler doing one UPDATE; run with -benchtime=20000x.
 func BenchmarkWorker(b *testing.B) {
@@ -67,6 +73,10 @@ func TestNewValidatesConfig(t *testing.T) {
 		"negative prefetch":  {func(c *worker.Config) { c.Prefetch = -1 }, "Config.Prefetch"},
 		"negative deadline":  {func(c *worker.Config) { c.AckDeadline = -time.Second }, "Config.AckDeadline"},
 		"negative shutdown":  {func(c *worker.Config) { c.ShutdownTimeout = -time.Second }, "Config.ShutdownTimeout"},
+		"negative batch":     {func(c *worker.Config) { c.BatchSize = -1 }, "Config.BatchSize"},
+		"batch too large":    {func(c *worker.Config) { c.BatchSize = worker.MaxBatchSize + 1 }, "Config.BatchSize"},
+		"negative linger":    {func(c *worker.Config) { c.BatchLinger = -time.Millisecond }, "Config.BatchLinger"},
+		"linger too long":    {func(c *worker.Config) { c.BatchLinger = worker.MaxBatchLinger + 1 }, "Config.BatchLinger"},
 		"bad policy delay":   {func(c *worker.Config) { c.Policy = worker.BackoffPolicy{Delays: []time.Duration{0}} }, "Delays[0]"},
 		"bad policy maximum": {func(c *worker.Config) { c.Policy = worker.BackoffPolicy{MaxAttempts: -2} }, "MaxAttempts"},
 		"queue not in topology": {func(c *worker.Config) {

@@ -39,21 +39,43 @@ const retryDelay = 150 * time.Millisecond
 const waitTimeout = 30 * time.Second
 
 // RunWorkerSuite runs the worker's integration tests against the brokers
-// newBroker returns.
+// newBroker returns, with the worker's default Config.BatchSize (1).
 func RunWorkerSuite(t *testing.T, newBroker NewBrokerFunc) {
-	t.Run("DuplicateMessageHandledOnce", func(t *testing.T) { testDuplicate(t, newBroker) })
-	t.Run("AlreadyProcessedIsDuplicate", func(t *testing.T) { testAlreadyProcessed(t, newBroker) })
-	t.Run("ManyMessagesEachOnce", func(t *testing.T) { testMany(t, newBroker) })
-	t.Run("RetriesThenDeadLetter", func(t *testing.T) { testRetriesThenDLQ(t, newBroker) })
-	t.Run("PermanentGoesToDLQAtOnce", func(t *testing.T) { testPermanent(t, newBroker) })
-	t.Run("TwoConsumersEachOnce", func(t *testing.T) { testTwoConsumers(t, newBroker) })
-	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, newBroker) })
-	t.Run("RetryAfter", func(t *testing.T) { testRetryAfter(t, newBroker) })
-	t.Run("PanicIsRetried", func(t *testing.T) { testPanic(t, newBroker) })
-	t.Run("DatabaseTroubleHoldsMessage", func(t *testing.T) { testDatabaseTrouble(t, newBroker) })
-	t.Run("LongHandlerKeepsItsDelivery", func(t *testing.T) { testLongHandler(t, newBroker) })
-	t.Run("ShutdownFinishesInFlight", func(t *testing.T) { testShutdown(t, newBroker) })
-	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, newBroker) })
+	RunWorkerSuiteWith(t, newBroker, SuiteOptions{})
+}
+
+// SuiteOptions tune RunWorkerSuiteWith. The zero value is RunWorkerSuite.
+type SuiteOptions struct {
+	// BatchSize is every worker's Config.BatchSize (0: the default, 1).
+	// Above 1 the suite also runs the tests of batches: one failing,
+	// panicking or duplicate message in a batch, and a batch whose commit
+	// fails.
+	BatchSize int
+}
+
+// RunWorkerSuiteWith runs the worker's integration tests against the
+// brokers newBroker returns, with the workers configured by opts.
+func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions) {
+	s := suite{newBroker: newBroker, opts: opts}
+	if opts.BatchSize > 1 {
+		t.Run("BatchOneFailureRetriesOnlyIt", func(t *testing.T) { testBatchFailure(t, s) })
+		t.Run("BatchWithDuplicates", func(t *testing.T) { testBatchDuplicates(t, s) })
+		t.Run("BatchPanicFailsOnlyItsMessage", func(t *testing.T) { testBatchPanic(t, s) })
+		t.Run("BatchCommitFailureSpendsNoAttempt", func(t *testing.T) { testBatchCommitFailure(t, s) })
+	}
+	t.Run("DuplicateMessageHandledOnce", func(t *testing.T) { testDuplicate(t, s) })
+	t.Run("AlreadyProcessedIsDuplicate", func(t *testing.T) { testAlreadyProcessed(t, s) })
+	t.Run("ManyMessagesEachOnce", func(t *testing.T) { testMany(t, s) })
+	t.Run("RetriesThenDeadLetter", func(t *testing.T) { testRetriesThenDLQ(t, s) })
+	t.Run("PermanentGoesToDLQAtOnce", func(t *testing.T) { testPermanent(t, s) })
+	t.Run("TwoConsumersEachOnce", func(t *testing.T) { testTwoConsumers(t, s) })
+	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, s) })
+	t.Run("RetryAfter", func(t *testing.T) { testRetryAfter(t, s) })
+	t.Run("PanicIsRetried", func(t *testing.T) { testPanic(t, s) })
+	t.Run("DatabaseTroubleHoldsMessage", func(t *testing.T) { testDatabaseTrouble(t, s) })
+	t.Run("LongHandlerKeepsItsDelivery", func(t *testing.T) { testLongHandler(t, s) })
+	t.Run("ShutdownFinishesInFlight", func(t *testing.T) { testShutdown(t, s) })
+	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, s) })
 }
 
 // CreateSchema migrates the pool's database with outbox.Migrate (which
@@ -70,8 +92,15 @@ CREATE TABLE IF NOT EXISTS side_effects (
 	require.NoError(tb, err)
 }
 
+// suite is what every test of the suite is given.
+type suite struct {
+	newBroker NewBrokerFunc
+	opts      SuiteOptions
+}
+
 // fixture is what one test needs.
 type fixture struct {
+	opts  SuiteOptions
 	pool  *pgxpool.Pool
 	b     broker.Broker
 	topo  broker.Topology
@@ -81,12 +110,12 @@ type fixture struct {
 
 // setup gives a fresh database, a broker and a declared topology with
 // queues (one per name suffix) bound to one event type.
-func setup(t *testing.T, newBroker NewBrokerFunc, queues int) *fixture {
+func setup(t *testing.T, s suite, queues int) *fixture {
 	t.Helper()
 	pool, _ := testenv.NewPool(t)
 	CreateSchema(t, pool)
-	b := newBroker(t)
-	f := &fixture{pool: pool, b: b, typ: "ferry.test.created"}
+	b := s.newBroker(t)
+	f := &fixture{opts: s.opts, pool: pool, b: b, typ: "ferry.test.created"}
 	f.topo = broker.Topology{Exchange: testenv.UniqueName("wt-ex")}
 	for i := range queues {
 		f.topo.Queues = append(f.topo.Queues, broker.Queue{
@@ -125,6 +154,7 @@ func (f *fixture) config(consumer, queue string, h worker.Handler) worker.Config
 		Handler:         h,
 		Topology:        f.topo,
 		Concurrency:     4,
+		BatchSize:       f.opts.BatchSize,
 		Policy:          worker.BackoffPolicy{MaxAttempts: 3, Delays: []time.Duration{retryDelay}},
 		ShutdownTimeout: 10 * time.Second,
 	}
@@ -239,8 +269,8 @@ func recordSideEffect(ctx context.Context, tx pgx.Tx, consumer string, msg *brok
 	return err
 }
 
-func testDuplicate(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testDuplicate(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	var calls atomic.Int32
 	cfg := f.config("dup", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
@@ -267,8 +297,8 @@ func testDuplicate(t *testing.T, newBroker NewBrokerFunc) {
 // testAlreadyProcessed delivers a message whose dedup row is already
 // committed, as after a crash between the commit and the ack: the worker
 // acks it as a duplicate without calling the handler, on every broker.
-func testAlreadyProcessed(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testAlreadyProcessed(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	var calls atomic.Int32
 	cfg := f.config("again", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
@@ -290,8 +320,8 @@ func testAlreadyProcessed(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 2, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'again'`))
 }
 
-func testMany(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testMany(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	cfg := f.config("many", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 		return recordSideEffect(ctx, tx, "many", msg)
@@ -368,8 +398,8 @@ func waitDLQ(t *testing.T, b broker.Broker, queue string, n int) []broker.DeadMe
 	}
 }
 
-func testRetriesThenDLQ(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testRetriesThenDLQ(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	fails := &failures{}
 	var (
@@ -418,8 +448,8 @@ func testRetriesThenDLQ(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM side_effects`))
 }
 
-func testPermanent(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testPermanent(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	fails := &failures{}
 	var calls atomic.Int32
@@ -440,8 +470,8 @@ func testPermanent(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 0, out.count(worker.OutcomeRetry))
 }
 
-func testTwoConsumers(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 2)
+func testTwoConsumers(t *testing.T, s suite) {
+	f := setup(t, s, 2)
 	outA, outB := newOutcomes(), newOutcomes()
 	h := func(consumer string) worker.Handler {
 		return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
@@ -467,8 +497,8 @@ func testTwoConsumers(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 2, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE message_id = '100'`))
 }
 
-func testRollbackThenSuccess(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testRollbackThenSuccess(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	var dedupRowsAtFailure atomic.Int32
 	dedupRowsAtFailure.Store(-1)
@@ -502,8 +532,8 @@ func testRollbackThenSuccess(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 2, count(t, f.pool, `SELECT attempt FROM side_effects`))
 }
 
-func testRetryAfter(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testRetryAfter(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	var (
 		mu    sync.Mutex
@@ -530,8 +560,8 @@ func testRetryAfter(t *testing.T, newBroker NewBrokerFunc) {
 	require.GreaterOrEqual(t, times[1].Sub(times[0]), retryDelay*8/10)
 }
 
-func testPanic(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testPanic(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	fails := &failures{}
 	cfg := f.config("panic", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
@@ -556,8 +586,8 @@ func testPanic(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 2, count(t, f.pool, `SELECT count(*) FROM processed_messages`))
 }
 
-func testShutdown(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testShutdown(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	started := make(chan struct{})
 	var ctxErrAtEnd atomic.Value
@@ -582,8 +612,8 @@ func testShutdown(t *testing.T, newBroker NewBrokerFunc) {
 	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects`))
 }
 
-func testShutdownTimeout(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testShutdownTimeout(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	started := make(chan struct{})
 	var once sync.Once
@@ -607,7 +637,7 @@ func testShutdownTimeout(t *testing.T, newBroker NewBrokerFunc) {
 	require.NoError(t, f.b.Close()) // unsettled deliveries go back to the queue
 
 	// A new worker process gets the message again and handles it.
-	f.b = newBroker(t)
+	f.b = s.newBroker(t)
 	require.NoError(t, f.b.Declare(context.Background(), f.topo))
 	out2 := newOutcomes()
 	cfg2 := f.config("stuck", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
@@ -620,56 +650,69 @@ func testShutdownTimeout(t *testing.T, newBroker NewBrokerFunc) {
 	require.Empty(t, listDLQ(t, f.b, f.queue))
 }
 
-// testLongHandler runs a handler three times longer than the ack deadline:
-// the worker's Extend calls keep a broker with an ack deadline from
-// redelivering it meanwhile (brokers without one ignore AckDeadline).
-func testLongHandler(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+// testLongHandler runs handlers longer than the ack deadline, three
+// messages published before the worker starts, so that with a BatchSize
+// above 1 they form one batch held three handler runs (4.5 ack deadlines)
+// long: the worker's Extend calls, for every delivery of the batch, keep a
+// broker with an ack deadline from redelivering them meanwhile (brokers
+// without one ignore AckDeadline).
+func testLongHandler(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	out := newOutcomes()
 	var calls atomic.Int32
 	cfg := f.config("long", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 		calls.Add(1)
-		time.Sleep(3 * time.Second)
+		time.Sleep(1500 * time.Millisecond)
 		return recordSideEffect(ctx, tx, "long", msg)
 	})
 	cfg.AckDeadline = time.Second
 	cfg.OnOutcome = out.hook
+	f.oneBatch(&cfg)
+	f.publish(t, f.msg("21"), f.msg("22"), f.msg("23"))
 	start(t, cfg)
-	f.publish(t, f.msg("21"))
-	out.waitCount(t, worker.OutcomeAck, 1)
+	out.waitCount(t, worker.OutcomeAck, 3)
 	time.Sleep(1500 * time.Millisecond) // a redelivery would show up here
-	require.Equal(t, int32(1), calls.Load(), "the handler ran once: no redelivery while it worked")
-	require.Len(t, out.snapshot(), 1)
-	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects`))
+	require.Equal(t, int32(3), calls.Load(), "each handler ran once: no redelivery while they worked")
+	require.Len(t, out.snapshot(), 3)
+	require.Equal(t, 3, count(t, f.pool, `SELECT count(*) FROM side_effects`))
 }
 
 // testDatabaseTrouble makes the dedup insert fail for a reason that is not
 // the message's (the table is missing, as when migrations were not run):
 // the worker holds the message and tries again, spending no attempt, and
 // handles it once the table is back.
-func testDatabaseTrouble(t *testing.T, newBroker NewBrokerFunc) {
-	f := setup(t, newBroker, 1)
+func testDatabaseTrouble(t *testing.T, s suite) {
+	f := setup(t, s, 1)
 	ctx := context.Background()
 	out := newOutcomes()
 	fails := &failures{}
-	var attempts atomic.Int32
+	var attempts atomic.Int32 // the highest attempt seen
 	cfg := f.config("db", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
-		attempts.Store(int32(msg.Attempt))
+		for {
+			cur := attempts.Load()
+			if int32(msg.Attempt) <= cur || attempts.CompareAndSwap(cur, int32(msg.Attempt)) {
+				break
+			}
+		}
 		return recordSideEffect(ctx, tx, "db", msg)
 	})
 	cfg.OnOutcome = out.hook
 	cfg.OnFailure = fails.hook
+	f.oneBatch(&cfg)
 	_, err := f.pool.Exec(ctx, `ALTER TABLE processed_messages RENAME TO processed_messages_away`)
 	require.NoError(t, err)
+	// Three messages published before the start: with a BatchSize above 1
+	// they are held as one batch.
+	f.publish(t, f.msg("31"), f.msg("32"), f.msg("33"))
 	start(t, cfg)
-	f.publish(t, f.msg("31"))
 	time.Sleep(time.Second)
 	require.Empty(t, out.snapshot(), "nothing is settled while the dedup table is missing")
 	require.Equal(t, int32(0), attempts.Load())
 	_, err = f.pool.Exec(ctx, `ALTER TABLE processed_messages_away RENAME TO processed_messages`)
 	require.NoError(t, err)
-	out.waitCount(t, worker.OutcomeAck, 1)
+	out.waitCount(t, worker.OutcomeAck, 3)
 	require.Equal(t, int32(1), attempts.Load(), "the wait spent no attempt")
 	require.Empty(t, fails.snapshot())
-	require.Len(t, out.snapshot(), 1)
+	require.Len(t, out.snapshot(), 3)
+	require.Equal(t, 3, count(t, f.pool, `SELECT count(*) FROM side_effects`))
 }

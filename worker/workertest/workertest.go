@@ -652,10 +652,10 @@ func testShutdownTimeout(t *testing.T, s suite) {
 
 // testLongHandler runs handlers longer than the ack deadline, three
 // messages published before the worker starts, so that with a BatchSize
-// above 1 they form one batch held three handler runs (4.5 ack deadlines)
-// long: the worker's Extend calls, for every delivery of the batch, keep a
-// broker with an ack deadline from redelivering them meanwhile (brokers
-// without one ignore AckDeadline).
+// above 1 they form batches held up to three handler runs (4.5 ack
+// deadlines) long: the worker's Extend calls, for every delivery of a
+// batch, keep a broker with an ack deadline from redelivering them
+// meanwhile (brokers without one ignore AckDeadline).
 func testLongHandler(t *testing.T, s suite) {
 	f := setup(t, s, 1)
 	out := newOutcomes()
@@ -668,6 +668,11 @@ func testLongHandler(t *testing.T, s suite) {
 	cfg.AckDeadline = time.Second
 	cfg.OnOutcome = out.hook
 	f.oneBatch(&cfg)
+	if cfg.BatchSize > 1 {
+		// A second goroutine waits in Receive meanwhile: a pull-based
+		// broker hands it any redelivery of the batch's messages.
+		cfg.Concurrency = 2
+	}
 	f.publish(t, f.msg("21"), f.msg("22"), f.msg("23"))
 	start(t, cfg)
 	out.waitCount(t, worker.OutcomeAck, 3)

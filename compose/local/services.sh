@@ -92,10 +92,17 @@ saved_port() { cat "$STATE/ports/$1" 2>/dev/null || true; }
 
 # choose_port KEY DEFAULT: the saved port of KEY if free, else DEFAULT if
 # free, else the next free one; saved under $STATE/ports/KEY.
+service_of_key() { case $1 in rabbitmq*) echo rabbitmq ;; smtp*) echo smtp ;; nats*) echo nats ;; *) echo "$1" ;; esac; }
+
 choose_port() {
 	local key=$1 def=$2 p saved others
 	mkdir -p "$STATE/ports"
 	saved=$(saved_port "$key")
+	# A saved port is an address already handed out (to tests through
+	# `env`): moving it silently would point them at another program.
+	if [ -n "$saved" ] && port_listening "$saved"; then
+		die "$key: its port $saved is now taken by another program; free it, or run '$0 down $(service_of_key "$key")' to forget the port and pick another"
+	fi
 	others=$(for f in "$STATE"/ports/*; do [ -f "$f" ] && [ "$(basename "$f")" != "$key" ] && cat "$f"; done 2>/dev/null || true)
 	for p in $saved $def $(seq $((def + 1)) $((def + 200))); do
 		if grep -qx "$p" <<<"$others"; then continue; fi

@@ -41,9 +41,23 @@ func TestWorkerRabbitMQBatch8(t *testing.T) {
 }
 
 // BenchmarkWorker reports the worker's msgs/s on RabbitMQ and PostgreSQL
-// with a handler doing one UPDATE; run with -benchtime=20000x.
+// with a handler doing one UPDATE, with the default configuration (one
+// transaction per message) and with batches, in the same run; run with
+// -benchtime=20000x.
 func BenchmarkWorker(b *testing.B) {
-	workertest.RunWorkerBenchmark(b, newRabbitMQ, 0)
+	for _, bc := range []struct {
+		name string
+		opts workertest.BenchOptions
+	}{
+		{"Default", workertest.BenchOptions{}},
+		{"Conc8/Prefetch64/Batch1", workertest.BenchOptions{Concurrency: 8, Prefetch: 64, BatchSize: 1}},
+		{"Conc4/Prefetch64/Batch8", workertest.BenchOptions{Concurrency: 4, Prefetch: 64, BatchSize: 8}},
+		{"Conc8/Prefetch64/Batch8", workertest.BenchOptions{Concurrency: 8, Prefetch: 64, BatchSize: 8}},
+		{"Conc4/Prefetch128/Batch16", workertest.BenchOptions{Concurrency: 4, Prefetch: 128, BatchSize: 16}},
+		{"Conc8/Prefetch128/Batch16", workertest.BenchOptions{Concurrency: 8, Prefetch: 128, BatchSize: 16}},
+	} {
+		b.Run(bc.name, func(b *testing.B) { workertest.RunWorkerBenchmarkWith(b, newRabbitMQ, bc.opts) })
+	}
 }
 
 func TestNewValidatesConfig(t *testing.T) {

@@ -24,7 +24,25 @@ import (
 // covers the handling only. Run it with a fixed count, e.g.
 // -benchtime=20000x, so the queue holds enough messages.
 func RunWorkerBenchmark(b *testing.B, newBroker NewBrokerFunc, concurrency int) {
+	RunWorkerBenchmarkWith(b, newBroker, BenchOptions{Concurrency: concurrency})
+}
+
+// BenchOptions tune RunWorkerBenchmarkWith; zero fields mean the worker's
+// defaults.
+type BenchOptions struct {
+	// Concurrency is Config.Concurrency; the pool gets as many connections.
+	Concurrency int
+	// Prefetch is Config.Prefetch.
+	Prefetch int
+	// BatchSize is Config.BatchSize.
+	BatchSize int
+}
+
+// RunWorkerBenchmarkWith is RunWorkerBenchmark with the worker configured
+// by opts.
+func RunWorkerBenchmarkWith(b *testing.B, newBroker NewBrokerFunc, opts BenchOptions) {
 	ctx := context.Background()
+	concurrency := opts.Concurrency
 	if concurrency <= 0 {
 		concurrency = worker.DefaultConcurrency
 	}
@@ -66,6 +84,8 @@ func RunWorkerBenchmark(b *testing.B, newBroker NewBrokerFunc, concurrency int) 
 		Broker:      br,
 		Topology:    topo,
 		Concurrency: concurrency,
+		Prefetch:    opts.Prefetch,
+		BatchSize:   opts.BatchSize,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 			_, err := tx.Exec(ctx, `UPDATE bench_items SET status = 'sent' WHERE id = $1`, msg.ID)
 			return err

@@ -78,12 +78,62 @@
 // impossible in general; at-least-once with deduplication on both sides is
 // what this gives.
 //
+// # Batches
+//
+// With Config.BatchSize above 1 (default 1), a handling goroutine takes the
+// deliveries already received — up to BatchSize, waiting at most
+// Config.BatchLinger (200 µs) for each further one, never for a full
+// batch — and handles them in one transaction:
+//
+//  1. one INSERT ... SELECT unnest($ids) ON CONFLICT DO NOTHING RETURNING
+//     message_id inserts every dedup row (in sorted ID order, so batches
+//     sharing IDs lock them in the same order); an ID not returned, or
+//     seen twice in the batch, is a duplicate, acked after the commit
+//     without calling the handler.
+//  2. each new message runs in its own SAVEPOINT: on success it is
+//     released; on error (or panic) the worker rolls back to the savepoint
+//     and deletes that message's dedup row, so its writes vanish and its
+//     retry is handled like a first delivery, while the other messages
+//     carry on.
+//  3. one COMMIT; then the successes are acked and each failure goes
+//     through the retry policy and OnFailure exactly as with BatchSize 1.
+//
+// Each message keeps the guarantees above: its writes commit with its
+// dedup row or not at all, one failing or panicking handler fails only its
+// own message, and Extend runs for every delivery of the batch until it is
+// settled. When the batch as a whole fails — the COMMIT (e.g. a deferred
+// constraint one message broke), a savepoint statement, or the dedup
+// insert refusing an ID — nothing of it committed (or, when only the
+// commit's answer was lost, all of it did), so the worker handles each of
+// its messages again alone, as with BatchSize 1: no message spends an
+// attempt for a batch-mate's fault, and a lost commit answer turns into
+// duplicates. A database outage holds the whole batch as it holds a single
+// message. Shutdown is unchanged: a batch running when the
+// ShutdownTimeout expires is rolled back and its deliveries left for
+// redelivery.
+//
+// The cost: one transaction, one WAL flush and one dedup statement per
+// batch instead of per message, plus a savepoint round trip per message;
+// BenchmarkWorker on 2 cores measured about 2,500–2,700 msgs/s with one
+// transaction per message and 4,000–5,100 with batches of 8–16
+// (Concurrency 4–8, Prefetch 64–128). The price: a handler's side effects
+// outside the database (an e-mail) happen before the whole batch commits,
+// so a crash, a failed commit or a broken batch repeats them for every
+// message of the batch, where BatchSize 1 repeats only one; the
+// "already sent" check of the section above still guards, but the window
+// is wider. Use BatchSize > 1 for handlers whose effects are all in the
+// transaction. Row locks a handler takes are held until the batch
+// commits. BatchSize is at most 64, PostgreSQL's per-transaction cache of
+// subtransaction IDs. Config.Prefetch defaults to Concurrency × BatchSize
+// so every goroutine can fill its batch.
+//
 // # Concurrency and shutdown
 //
 // Run handles up to Config.Concurrency messages at once, with
 // Config.Prefetch deliveries in flight; size the database pool to at least
 // Concurrency connections. Each message costs one transaction: BEGIN, the
-// dedup INSERT, the handler's statements and COMMIT. While a handler runs,
+// dedup INSERT, the handler's statements and COMMIT (with BatchSize 1; see
+// Batches). While a handler runs,
 // the worker calls Delivery.Extend every AckDeadline/3 so a broker with an
 // ack deadline does not redeliver it meanwhile.
 //

@@ -19,7 +19,9 @@ import (
 )
 
 // Handler handles one message inside the dedup transaction tx: its
-// database writes commit together with the dedup row, or not at all. It
+// database writes commit together with the dedup row, or not at all. With
+// Config.BatchSize > 1, tx is the batch's transaction and the handler runs
+// inside a savepoint of it (package doc, "Batches"). It
 // returns nil (the message is acked), an ordinary error (retried under the
 // RetryPolicy), Permanent(err) (dead-lettered at once) or RetryAfter(err, d)
 // (retried after d). It must not commit or roll back tx. ctx is cancelled
@@ -189,7 +191,9 @@ type Config struct {
 	OnFailure FailureFunc
 	// OnOutcome, when set, is called after each delivery was settled (or
 	// its settlement failed, which is logged), with the outcome and the
-	// time spent in the transaction (dedup insert, handler and commit). It
+	// time spent in the transaction (dedup insert, handler and commit; with
+	// BatchSize > 1 the whole batch's transaction, the same for each of its
+	// messages). It
 	// is called concurrently from the handling goroutines and must be fast;
 	// the ops helper records Prometheus metrics here.
 	OnOutcome func(msg *broker.Message, outcome Outcome, handlerDuration time.Duration)

@@ -50,6 +50,7 @@ type natsBroker struct {
 	maxPayload int
 	caps       broker.Capabilities
 	notes      *retryNotes
+	acks       *ackTracker
 	closeCh    chan struct{}
 
 	declareMu sync.Mutex // serialises Declare and the re-declare after a reconnect
@@ -103,6 +104,7 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("broker", "nats"),
 		notes:     newRetryNotes(),
+		acks:      newAckTracker(),
 		closeCh:   make(chan struct{}),
 		subs:      map[*subscription]struct{}{},
 		handedOut: map[*delivery]struct{}{},
@@ -139,6 +141,12 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *natsgo.Msg, _ *jetstream.PubAck) {
+			b.acks.settle(m, nil)
+		}),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *natsgo.Msg, err error) {
+			b.acks.settle(m, err)
+		}),
 		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout),
 		jetstream.WithDefaultTimeout(cfg.PublishTimeout),
 	)
@@ -465,16 +473,6 @@ func (b *natsBroker) Subscribe(ctx context.Context, queue string, opts broker.Su
 	}
 	b.subs[s] = struct{}{}
 	return s, nil
-}
-
-// DLQ implements broker.Broker. The dead letters of a queue are the
-// messages on subject <stream>-dlq.<queue> of the DLQ stream.
-func (b *natsBroker) DLQ(queue string) (broker.DeadLetterQueue, error) {
-	d, qi, err := b.declaredQueue(queue)
-	if err != nil {
-		return nil, err
-	}
-	return &deadLetterQueue{b: b, d: d, qi: qi}, nil
 }
 
 // Close implements broker.Broker. Buffered and handed-out unsettled

@@ -5,8 +5,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
+	"sync"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,65 +47,167 @@ func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error 
 	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
 	defer cancel()
 
+	n := len(msgs)
+	batch := &pubBatch{errs: make([]error, n), done: make(chan struct{})}
+	wire := make([]natsgo.Msg, n) // one allocation for the batch
+	valid := 0
+	for i, m := range msgs {
+		if err := b.toWire(d, m, &wire[i]); err != nil {
+			if !errors.Is(err, broker.ErrMessageTooLarge) && !errors.Is(err, broker.ErrUnroutable) {
+				// An invalid message: refused for itself, like a nack, so
+				// the caller does not take it for a broker outage.
+				err = fmt.Errorf("%w: %w", broker.ErrNacked, err)
+			}
+			batch.errs[i] = &refused{err}
+			continue
+		}
+		valid++
+	}
+	// Register the batch before the first publish: a PubAck can arrive
+	// before PublishMsgAsync returns.
+	b.acks.register(batch, wire, valid)
+	var stop error // set when ctx ended or the broker closed while publishing
+	for i := range wire {
+		nm := &wire[i]
+		if batch.errs[i] != nil {
+			continue // refused by toWire, not registered
+		}
+		if stop != nil {
+			b.acks.settle(nm, stop)
+			continue
+		}
+		if _, err := b.publishAsync(ctx, nm); err != nil {
+			if ctx.Err() != nil || b.isClosed() {
+				stop = err
+			}
+			b.acks.settle(nm, err)
+		}
+	}
+	// One wake-up per batch: the handlers close batch.done when the last
+	// message of the batch is settled.
+	var ctxErr error
+	select {
+	case <-batch.done:
+	case <-ctx.Done():
+		ctxErr = ctx.Err()
+	case <-b.closeCh:
+		ctxErr = broker.ErrClosed
+	}
+	if ctxErr != nil {
+		b.acks.abandon(batch, wire)
+	}
 	var failed []broker.FailedMessage
-	fail := func(i int, err error) {
+	for i, err := range batch.errs {
+		var r *refused
+		switch {
+		case err == nil:
+			continue
+		case errors.As(err, &r):
+			err = r.err
+		case err == errNoAck:
+			err = fmt.Errorf("nats: publish %s: no PubAck: %w", msgs[i].ID, ctxErr)
+		default:
+			err = b.publishErr(msgs[i], err)
+		}
 		id := ""
 		if msgs[i] != nil {
 			id = msgs[i].ID
 		}
 		failed = append(failed, broker.FailedMessage{Index: i, ID: id, Err: err})
 	}
-	futures := make([]jetstream.PubAckFuture, len(msgs))
-	wire := make([]natsgo.Msg, len(msgs)) // one allocation for the batch
-	for i, m := range msgs {
-		nm := &wire[i]
-		if err := b.toWire(d, m, nm); err != nil {
-			if !errors.Is(err, broker.ErrMessageTooLarge) && !errors.Is(err, broker.ErrUnroutable) {
-				// An invalid message: refused for itself, like a nack, so
-				// the caller does not take it for a broker outage.
-				err = fmt.Errorf("%w: %w", broker.ErrNacked, err)
-			}
-			fail(i, err)
-			continue
-		}
-		f, err := b.publishAsync(ctx, nm)
-		if err != nil {
-			fail(i, b.publishErr(m, err))
-			continue
-		}
-		futures[i] = f
-	}
-	var ctxErr error
-	for i, f := range futures {
-		if f == nil {
-			continue
-		}
-		if ctxErr == nil {
-			select {
-			case <-f.Ok():
-				continue
-			case err := <-f.Err():
-				fail(i, b.publishErr(msgs[i], err))
-				continue
-			case <-ctx.Done():
-				ctxErr = ctx.Err()
-			case <-b.closeCh:
-				ctxErr = broker.ErrClosed
-			}
-		}
-		select { // already settled?
-		case <-f.Ok():
-		case err := <-f.Err():
-			fail(i, b.publishErr(msgs[i], err))
-		default:
-			fail(i, fmt.Errorf("nats: publish %s: no PubAck: %w", msgs[i].ID, ctxErr))
-		}
-	}
 	if len(failed) == 0 {
 		return nil
 	}
-	sort.Slice(failed, func(i, j int) bool { return failed[i].Index < failed[j].Index })
 	return &broker.PublishError{Failed: failed}
+}
+
+// refused marks a message that toWire refused, whose error is final.
+type refused struct{ err error }
+
+func (r *refused) Error() string { return r.err.Error() }
+
+// errNoAck marks a message still waiting for its PubAck when Publish gave
+// up (ctx done or broker closed).
+var errNoAck = errors.New("nats: no PubAck")
+
+// pubBatch is one Publish call's messages waiting for their PubAcks.
+type pubBatch struct {
+	// errs holds each message's outcome: nil when confirmed (or not yet
+	// settled), a *refused, errNoAck, or the client's publish error.
+	// Entries of registered messages are written under ackTracker.mu.
+	errs []error
+	left int           // registered messages not settled yet, under ackTracker.mu
+	done chan struct{} // closed when left reaches 0
+}
+
+// ackTracker routes the PubAcks and publish errors that the JetStream
+// client reports to its ack and error handlers (set in New) to the
+// Publish call that sent the message. Waiting on each message's
+// PubAckFuture instead costs two channels and two acquisitions of the
+// client's publisher lock per message (the lock its reply handler holds
+// while decoding each PubAck) and, with acks still in flight, a goroutine
+// park and wake-up per message; the handlers wake Publish once per batch.
+// PublishAsyncComplete is no substitute: it waits for every pending
+// publish of the connection, other callers' included.
+type ackTracker struct {
+	mu      sync.Mutex
+	pending map[*natsgo.Msg]ackSlot
+}
+
+type ackSlot struct {
+	batch *pubBatch
+	i     int
+}
+
+func newAckTracker() *ackTracker {
+	return &ackTracker{pending: map[*natsgo.Msg]ackSlot{}}
+}
+
+// register adds the valid messages of batch (those without an error yet)
+// as pending; valid is their number.
+func (t *ackTracker) register(batch *pubBatch, wire []natsgo.Msg, valid int) {
+	if valid == 0 {
+		close(batch.done)
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	batch.left = valid
+	for i := range wire {
+		if batch.errs[i] == nil {
+			t.pending[&wire[i]] = ackSlot{batch: batch, i: i}
+		}
+	}
+}
+
+// settle records the outcome of m (nil: PubAck received); a message that
+// is not pending (not ours, or abandoned) is ignored.
+func (t *ackTracker) settle(m *natsgo.Msg, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.pending[m]
+	if !ok {
+		return
+	}
+	delete(t.pending, m)
+	s.batch.errs[s.i] = err
+	s.batch.left--
+	if s.batch.left == 0 {
+		close(s.batch.done)
+	}
+}
+
+// abandon marks the batch's messages still pending with errNoAck and
+// forgets them, so a late PubAck does not touch the batch.
+func (t *ackTracker) abandon(batch *pubBatch, wire []natsgo.Msg) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range wire {
+		if s, ok := t.pending[&wire[i]]; ok && s.batch == batch {
+			delete(t.pending, &wire[i])
+			batch.errs[i] = errNoAck
+		}
+	}
 }
 
 // publishAsync starts the asynchronous publish of nm. When

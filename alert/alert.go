@@ -9,6 +9,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults applied to zero Config fields.
@@ -137,6 +140,16 @@ type Config struct {
 	Labels map[string]string
 	// Now is the clock. Defaults to time.Now; tests inject a fake one.
 	Now func() time.Time
+	// Pool makes the alert one per database instead of one per process.
+	// With a Pool, the Alerts of all processes on that database elect one
+	// leader through a PostgreSQL session-level advisory lock, and only the
+	// leader reads the Source, moves the state machine and notifies; its
+	// state and undelivered notifications live in the table ferry_alerts,
+	// so a new leader continues where the old one stopped (see the package
+	// documentation, "One alert per database"). Optional: nil keeps the
+	// state in this process only, so every process with an Alert notifies
+	// on its own and a stopped process forgets a firing alert.
+	Pool *pgxpool.Pool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -191,10 +204,16 @@ func (c Config) withDefaults() (Config, error) {
 type Alert struct {
 	cfg Config
 
-	mu       sync.Mutex
-	state    State
-	startsAt time.Time
-	queues   [][]Notification // one per notifier, oldest first
+	mu         sync.Mutex
+	state      State
+	startsAt   time.Time
+	firedAt    time.Time        // last firing transition, kept in ferry_alerts
+	resolvedAt time.Time        // last resolved transition, kept in ferry_alerts
+	queues     [][]Notification // one per notifier, oldest first
+	dirty      bool             // state or queues changed since the last save (Pool only)
+	lockConn   *pgx.Conn        // held while leading (Pool only)
+	keys       []string         // notifier keys in ferry_alerts.queued (Pool only)
+	lockID     int32            // advisory lock objid (Pool only)
 }
 
 // New validates cfg and returns an Alert in state Inactive. Errors wrap
@@ -204,13 +223,19 @@ func New(cfg Config) (*Alert, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Alert{cfg: c, queues: make([][]Notification, len(c.Notifiers))}, nil
+	a := &Alert{cfg: c, queues: make([][]Notification, len(c.Notifiers))}
+	if c.Pool != nil {
+		a.keys = notifierKeys(c.Notifiers)
+		a.lockID = LockObjID(c.Name)
+	}
+	return a, nil
 }
 
 // Config returns the configuration with defaults applied.
 func (a *Alert) Config() Config { return a.cfg }
 
-// State returns the current state of the rule.
+// State returns the current state of the rule. With Config.Pool, an Alert
+// that is not the leader reports Inactive: it evaluates nothing.
 func (a *Alert) State() State {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -218,11 +243,15 @@ func (a *Alert) State() State {
 }
 
 // Run checks the rule at once and then every Interval until ctx is done,
-// and returns ctx.Err(). Failures of the Source or of notifiers are logged,
-// never returned.
+// and returns ctx.Err(). A notification being sent when ctx is done is
+// finished first (at most NotifyTimeout). Failures of the Source, of notifiers and (with
+// Config.Pool) of the database are logged, never returned. With
+// Config.Pool, every check of a non-leader tries to become the leader, and
+// Run gives up the leadership (Close) before it returns.
 func (a *Alert) Run(ctx context.Context) error {
 	t := time.NewTicker(a.cfg.Interval)
 	defer t.Stop()
+	defer a.Close()
 	for {
 		a.Check(ctx)
 		select {
@@ -238,10 +267,20 @@ func (a *Alert) Run(ctx context.Context) error {
 // each notifier (a transition's own and earlier undelivered ones). It
 // returns the state after the evaluation. Run calls it every Interval;
 // tests call it directly with a fake clock.
+//
+// With Config.Pool, Check first makes sure this Alert leads (it tries the
+// advisory lock when it does not, and loads the stored state when it gets
+// it; it checks the lock's connection when it does); a non-leader returns
+// Inactive without asking the Source. The leader saves the state and the
+// notification queues to ferry_alerts after the transition and before
+// delivering, and again after delivering.
 func (a *Alert) Check(ctx context.Context) State {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if ctx.Err() != nil {
+		return a.state
+	}
+	if a.cfg.Pool != nil && !a.lead(ctx) {
 		return a.state
 	}
 	sctx, cancel := context.WithTimeout(ctx, a.cfg.Interval)
@@ -255,13 +294,26 @@ func (a *Alert) Check(ctx context.Context) State {
 	} else {
 		a.advance(count, oldest)
 	}
+	// Record the transition and its notifications before sending them, so
+	// a leader that dies while sending leaves them to its successor.
+	if a.cfg.Pool != nil && !a.save(ctx) {
+		return a.state
+	}
 	a.deliver(ctx)
+	if a.cfg.Pool != nil {
+		a.save(ctx)
+	}
 	return a.state
 }
 
 // advance moves the state machine for one observation. a.mu is held.
 func (a *Alert) advance(count int, oldest time.Duration) {
 	now := a.cfg.Now()
+	if a.cfg.Pool != nil {
+		// The times go through TIMESTAMPTZ (microseconds); a successor's
+		// "resolved" must carry the very StartsAt of the "firing".
+		now = now.Round(0).Truncate(time.Microsecond)
+	}
 	above := count > a.cfg.Threshold
 	switch a.state {
 	case Inactive:
@@ -270,12 +322,14 @@ func (a *Alert) advance(count int, oldest time.Duration) {
 		}
 		a.state = Pending
 		a.startsAt = now
+		a.dirty = true
 		a.log().Warn("alert: outbox backlog above threshold; pending",
 			"unprocessed_rows", count, "threshold", a.cfg.Threshold, "for", a.cfg.For)
 		a.maybeFire(now, count, oldest)
 	case Pending:
 		if !above {
 			a.state = Inactive
+			a.dirty = true
 			a.log().Info("alert: outbox backlog back under threshold before For elapsed",
 				"unprocessed_rows", count, "threshold", a.cfg.Threshold)
 			return
@@ -286,6 +340,8 @@ func (a *Alert) advance(count int, oldest time.Duration) {
 			return
 		}
 		a.state = Inactive
+		a.resolvedAt = now
+		a.dirty = true
 		n := a.notification(StatusResolved, now, count, oldest)
 		a.log().Info("alert: resolved: "+n.Summary,
 			"unprocessed_rows", count, "threshold", a.cfg.Threshold,
@@ -299,6 +355,8 @@ func (a *Alert) maybeFire(now time.Time, count int, oldest time.Duration) {
 		return
 	}
 	a.state = Firing
+	a.firedAt = now
+	a.dirty = true
 	n := a.notification(StatusFiring, now, count, oldest)
 	a.log().Error("alert: firing: "+n.Summary,
 		"unprocessed_rows", count, "threshold", a.cfg.Threshold, "for", a.cfg.For,
@@ -337,6 +395,7 @@ func (a *Alert) enqueue(n Notification) {
 			a.queues[i] = a.queues[i][1:]
 		}
 		a.queues[i] = append(a.queues[i], n)
+		a.dirty = true
 	}
 }
 
@@ -356,6 +415,7 @@ func (a *Alert) deliver(ctx context.Context) {
 				break
 			}
 			a.queues[i] = a.queues[i][1:]
+			a.dirty = true
 		}
 	}
 }
@@ -366,7 +426,11 @@ func (a *Alert) notify(ctx context.Context, nt Notifier, n Notification) (err er
 			err = fmt.Errorf("alert: notifier %s panicked: %v", nt.String(), r)
 		}
 	}()
-	nctx, cancel := context.WithTimeout(ctx, a.cfg.NotifyTimeout)
+	// A send already started is finished even when ctx is cancelled (a
+	// stopping process), bounded by NotifyTimeout: cut off, the receiver
+	// may have the notification while this side records it as undelivered,
+	// and it would be sent again.
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.NotifyTimeout)
 	defer cancel()
 	return nt.Notify(nctx, n)
 }

@@ -24,6 +24,45 @@
 // order, for that notifier only. A notifier that keeps failing holds at most
 // MaxQueued notifications; older ones are dropped with an ERROR log.
 //
+// # One alert per database
+//
+// Without Config.Pool the state lives in the process: every relay replica
+// with an Alert notifies on its own (two replicas, two "firing" messages),
+// and a replica stopped while firing never sends "resolved".
+//
+// With Config.Pool the alert is one per database. The Alerts of all
+// processes elect a leader with a PostgreSQL session-level advisory lock,
+// pg_try_advisory_lock(LockClassID, LockObjID(Name)), tried every Interval
+// by each non-leader on a pool connection; the winner takes that connection
+// out of the pool and holds it while it leads. Only the leader reads the
+// Source and notifies. The leader checks the connection on every tick; when
+// it fails (or a query on it fails) the leadership is lost, the in-memory
+// state is forgotten, and whoever takes the lock next continues from the
+// table. Close (and Run on return) releases the lock.
+//
+// The state is kept in the table ferry_alerts (TableName), created with
+// CREATE TABLE IF NOT EXISTS by the first leader: state, since (when the
+// backlog first went above the threshold), fired_at, resolved_at and the
+// undelivered notifications of each notifier. A new leader therefore
+// continues the incident: a stored "firing" whose backlog is now under the
+// threshold sends "resolved" once; a stored "pending" keeps its since, so
+// For is measured from when the backlog first exceeded the threshold, not
+// from the new leader's start.
+//
+// Ordering: after a transition the leader saves the new state together with
+// the notifications it is about to send, then sends, then saves again with
+// the delivered ones removed. A leader that dies before sending leaves the
+// notifications to its successor (none is lost); one that dies after
+// sending but before the second save makes its successor send them again,
+// so a receiver may see one notification twice (at-least-once). The writes
+// go through the lock's own connection, so they cannot succeed after the
+// lock is lost; the HTTP sends are not fenced that way, so a leader cut off
+// in the middle of a send can also, rarely, duplicate one. Every process
+// should be configured with the same notifiers in the same order: queues are
+// keyed by the notifier's String(), and a new leader drops (with an ERROR
+// log) stored notifications for notifiers it does not have. The For timing
+// uses each leader's clock, so replicas' clocks should agree.
+//
 // Notifiers: NewWebhook posts the Notification as JSON to any URL; NewTelegram
 // calls the Telegram Bot API's sendMessage. Both can be pointed at a local
 // HTTP server in tests.

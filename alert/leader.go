@@ -1,0 +1,320 @@
+package alert
+
+// The leader and persistence layer of Config.Pool: one Alert per database
+// leads (session-level advisory lock on a connection taken out of the pool)
+// and keeps the state machine's state and undelivered notifications in the
+// table ferry_alerts. The state machine itself (advance, deliver) is the same
+// as without a Pool.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LockClassID is the first key of the session-level advisory lock the
+// leader holds: pg_try_advisory_lock(LockClassID, LockObjID(Config.Name)).
+// It is the bytes "fery"; pg_locks shows it as classid 1717924473.
+const LockClassID int32 = 0x66657279
+
+// TableName is the table that keeps the state of the alerts of a database,
+// one row per Config.Name. The leader creates it (CREATE TABLE IF NOT
+// EXISTS) when it first takes the lead; see createTable for its columns.
+const TableName = "ferry_alerts"
+
+// createTable is run by a new leader, under the advisory lock, so two
+// processes never race on it. Columns: state is "inactive", "pending" or
+// "firing"; since is when the backlog went above the threshold (NULL when
+// inactive); fired_at and resolved_at are the last transitions; queued maps
+// each notifier's key to its undelivered notifications (JSON array of
+// Notification, oldest first).
+//
+// The table is created here rather than by a goose migration of package
+// outbox so that the alert package stays usable on its own; moving it into
+// outbox/migrations later is compatible (same IF NOT EXISTS shape).
+const createTable = `CREATE TABLE IF NOT EXISTS ferry_alerts (
+	name        TEXT PRIMARY KEY,
+	state       TEXT NOT NULL,
+	since       TIMESTAMPTZ,
+	fired_at    TIMESTAMPTZ,
+	resolved_at TIMESTAMPTZ,
+	queued      JSONB NOT NULL DEFAULT '{}',
+	updated_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+)`
+
+const upsertState = `INSERT INTO ferry_alerts (name, state, since, fired_at, resolved_at, queued, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, now())
+ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, since = EXCLUDED.since,
+	fired_at = EXCLUDED.fired_at, resolved_at = EXCLUDED.resolved_at,
+	queued = EXCLUDED.queued, updated_at = EXCLUDED.updated_at`
+
+// minDBTimeout is the least time a database call of the leader layer gets,
+// whatever Interval is: a short Interval must not turn a slow query into a
+// lost leadership.
+const minDBTimeout = 5 * time.Second
+
+// LockObjID is the second key of the leader's advisory lock for the alert
+// named name: its 32-bit FNV-1a hash as an int32. Alerts with different
+// names elect their leaders independently.
+func LockObjID(name string) int32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(name))
+	return int32(h.Sum32())
+}
+
+// notifierKeys names each notifier's queue in ferry_alerts.queued: its
+// String(), with "#2", "#3", ... for repeats, so processes configured with
+// the same notifiers in the same order agree on the keys.
+func notifierKeys(ns []Notifier) []string {
+	seen := map[string]int{}
+	keys := make([]string, len(ns))
+	for i, n := range ns {
+		k := n.String()
+		seen[k]++
+		if seen[k] > 1 {
+			k = fmt.Sprintf("%s#%d", k, seen[k])
+		}
+		keys[i] = k
+	}
+	return keys
+}
+
+// Leading reports whether this Alert holds the leader lock (always false
+// without Config.Pool).
+func (a *Alert) Leading() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lockConn != nil
+}
+
+// Close gives up the leadership, if this Alert holds it, by closing the
+// connection that holds the advisory lock; another process's Alert takes
+// over at its next check. The state stays in ferry_alerts. Run calls Close
+// before it returns; a later Check or Run takes part in the election again.
+// Without Config.Pool it does nothing. It returns the error of closing the
+// connection (the lock is released by the server either way).
+func (a *Alert) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lockConn == nil {
+		return nil
+	}
+	// Unlock first: the server releases a closed session's locks only
+	// when its backend exits, a moment after the client has gone, and a
+	// successor should not have to wait a tick for that.
+	ctx, cancel := context.WithTimeout(context.Background(), minDBTimeout)
+	_, uerr := a.lockConn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, LockClassID, a.lockID)
+	cancel()
+	err := errors.Join(uerr, a.closeLockConn())
+	a.reset()
+	a.log().Info("alert: leadership released")
+	return err
+}
+
+func (a *Alert) dbTimeout() time.Duration { return max(a.cfg.Interval, minDBTimeout) }
+
+// lead makes sure this Alert leads: it checks the lock's connection when it
+// holds the lock, and otherwise tries to take it. a.mu is held.
+func (a *Alert) lead(ctx context.Context) bool {
+	if a.lockConn != nil {
+		cctx, cancel := context.WithTimeout(ctx, a.dbTimeout())
+		err := a.lockConn.Ping(cctx)
+		cancel()
+		if err == nil {
+			return true
+		}
+		a.lose("the connection holding the leader lock failed", err)
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	return a.acquire(ctx)
+}
+
+// acquire tries the advisory lock on a pool connection; on success it takes
+// the connection out of the pool (the session holds the lock) and loads the
+// stored state. a.mu is held.
+func (a *Alert) acquire(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, a.dbTimeout())
+	defer cancel()
+	pc, err := a.cfg.Pool.Acquire(cctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			a.log().Warn("alert: cannot try the leader lock; retrying on the next check", "err", err)
+		}
+		return false
+	}
+	var got bool
+	err = pc.QueryRow(cctx, `SELECT pg_try_advisory_lock($1, $2)`, LockClassID, a.lockID).Scan(&got)
+	if err != nil || !got {
+		// Not the leader: the connection goes back to the pool holding no
+		// lock. (A failed query closes it, which also releases any lock.)
+		pc.Release()
+		if err != nil && ctx.Err() == nil {
+			a.log().Warn("alert: cannot try the leader lock; retrying on the next check", "err", err)
+		}
+		return false
+	}
+	a.lockConn = pc.Hijack()
+	if err := a.load(cctx); err != nil {
+		a.lose("cannot load the stored alert state", err)
+		return false
+	}
+	a.log().Info("alert: leading (advisory lock taken); continuing from the stored state",
+		"state", a.state.String(), "since", a.startsAt, "queued", a.queuedCount())
+	return true
+}
+
+// load reads this alert's row from ferry_alerts into the state machine,
+// creating the table first. a.mu is held.
+func (a *Alert) load(ctx context.Context) error {
+	if _, err := a.lockConn.Exec(ctx, createTable); err != nil {
+		return fmt.Errorf("alert: create table %s: %w", TableName, err)
+	}
+	var (
+		state               string
+		since, fired, resol *time.Time
+		queued              map[string][]Notification
+	)
+	err := a.lockConn.QueryRow(ctx,
+		`SELECT state, since, fired_at, resolved_at, queued FROM ferry_alerts WHERE name = $1`, a.cfg.Name).
+		Scan(&state, &since, &fired, &resol, &queued)
+	a.reset()
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("alert: read %s: %w", TableName, err)
+	}
+	switch state {
+	case Inactive.String():
+		a.state = Inactive
+	case Pending.String():
+		a.state = Pending
+	case Firing.String():
+		a.state = Firing
+	default:
+		a.log().Error("alert: unknown stored state; starting from inactive", "stored_state", state)
+		a.dirty = true
+	}
+	if since != nil {
+		a.startsAt = *since
+	} else if a.state != Inactive {
+		// A pending or firing row without since: measure from now.
+		a.startsAt = a.cfg.Now()
+		a.dirty = true
+	}
+	if fired != nil {
+		a.firedAt = *fired
+	}
+	if resol != nil {
+		a.resolvedAt = *resol
+	}
+	for i, k := range a.keys {
+		q := queued[k]
+		delete(queued, k)
+		if len(q) > MaxQueued {
+			a.log().Error("alert: stored notifier queue too long; dropping the oldest undelivered notifications",
+				"notifier", k, "dropped", len(q)-MaxQueued)
+			q = q[len(q)-MaxQueued:]
+			a.dirty = true
+		}
+		a.queues[i] = q
+	}
+	for k, q := range queued {
+		if len(q) > 0 {
+			a.log().Error("alert: dropping undelivered notifications of a notifier this process does not have; configure the same notifiers on every process",
+				"notifier", k, "dropped", len(q))
+			a.dirty = true
+		}
+	}
+	return nil
+}
+
+// save writes the state and the queues when they changed. It runs even
+// when ctx is cancelled (bounded by dbTimeout), so a process that is
+// stopping still records its last transition. On failure the leadership is
+// given up (the write goes through the lock's connection, so it cannot
+// succeed once the lock is lost). a.mu is held.
+func (a *Alert) save(ctx context.Context) bool {
+	if !a.dirty {
+		return true
+	}
+	if a.lockConn == nil {
+		return false
+	}
+	queued := make(map[string][]Notification, len(a.keys))
+	for i, k := range a.keys {
+		if len(a.queues[i]) > 0 {
+			queued[k] = a.queues[i]
+		}
+	}
+	js, err := json.Marshal(queued)
+	if err != nil {
+		a.lose("cannot encode the notification queues", err)
+		return false
+	}
+	var since *time.Time
+	if a.state != Inactive {
+		since = &a.startsAt
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.dbTimeout())
+	defer cancel()
+	_, err = a.lockConn.Exec(cctx, upsertState, a.cfg.Name, a.state.String(), since,
+		nullTime(a.firedAt), nullTime(a.resolvedAt), string(js))
+	if err != nil {
+		a.lose("cannot save the alert state", err)
+		return false
+	}
+	a.dirty = false
+	return true
+}
+
+// lose gives up the leadership after a failure. a.mu is held.
+func (a *Alert) lose(reason string, err error) {
+	_ = a.closeLockConn()
+	a.reset()
+	a.log().Warn("alert: leadership lost: "+reason+"; retrying on the next check", "err", err)
+}
+
+func (a *Alert) closeLockConn() error {
+	if a.lockConn == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), minDBTimeout)
+	defer cancel()
+	err := a.lockConn.Close(ctx)
+	a.lockConn = nil
+	return err
+}
+
+// reset forgets the in-memory state; the stored state is what a leader
+// continues from. a.mu is held.
+func (a *Alert) reset() {
+	a.state = Inactive
+	a.startsAt, a.firedAt, a.resolvedAt = time.Time{}, time.Time{}, time.Time{}
+	for i := range a.queues {
+		a.queues[i] = nil
+	}
+	a.dirty = false
+}
+
+func (a *Alert) queuedCount() int {
+	n := 0
+	for _, q := range a.queues {
+		n += len(q)
+	}
+	return n
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}

@@ -56,9 +56,18 @@ var (
 	// ErrNacked is returned by Publish for a message the broker refused to
 	// take responsibility for (RabbitMQ: basic.nack in confirm mode).
 	ErrNacked = errors.New("broker: message nacked by broker")
-	// ErrUnknownQueue is returned by Subscribe and by the DLQ methods for a
-	// queue that Declare did not declare on this broker.
+	// ErrUnknownQueue is returned by Subscribe for a queue that Declare did
+	// not declare on this broker, and by DLQ and the DeadLetterQueue methods
+	// for a queue that is neither declared on this broker nor found on the
+	// server (see Broker.DLQ).
 	ErrUnknownQueue = errors.New("broker: unknown queue")
+	// ErrTopologyMismatch is returned (wrapped) by Declare when the broker
+	// already holds an object of the topology with other settings that
+	// cannot be changed in place (RabbitMQ: PRECONDITION_FAILED, e.g. a
+	// retry queue declared with another x-message-ttl because a process
+	// used other RetryDelays). It is permanent: declaring again does not
+	// help. The error names the object and the setting that differs.
+	ErrTopologyMismatch = errors.New("broker: topology differs from what the broker holds")
 	// ErrAlreadyAcked is returned by Delivery methods called after the
 	// delivery was already settled by Ack, Retry or DeadLetter. The second
 	// call has no effect on the broker.
@@ -445,7 +454,9 @@ type Broker interface {
 	// with its bindings, its retry levels and its DLQ, all durable. Calling
 	// it again with the same topology is a no-op; every process calls it at
 	// start. The adapter remembers the topology and re-declares it after a
-	// reconnect. Returns an error naming the object the broker refused.
+	// reconnect. Returns an error naming the object the broker refused; an
+	// object that exists with other settings that cannot change in place is
+	// an error wrapping ErrTopologyMismatch (not worth retrying).
 	Declare(ctx context.Context, t Topology) error
 
 	// Publish sends the batch to the declared exchange. It returns nil only
@@ -469,8 +480,21 @@ type Broker interface {
 	Subscribe(ctx context.Context, queue string, opts SubscribeOptions) (Subscription, error)
 
 	// DLQ returns access to the dead-letter queue of the named work queue,
-	// the same on every broker. Returns ErrUnknownQueue for a queue Declare
-	// did not declare.
+	// the same on every broker. It does no I/O and creates nothing on the
+	// broker, also not when the queue is unknown.
+	//
+	// The queue need not be declared by this Broker: an operator's tool
+	// reads, replays and purges a DLQ without calling Declare (so without
+	// knowing the queue's bindings or retry delays). For a queue this
+	// Broker did not declare, every DeadLetterQueue method first looks the
+	// queue and its DLQ up on the server, without creating anything
+	// (RabbitMQ: passive declarations of <queue> and <queue>.dlq; NATS: the
+	// queue's consumer on its exchange's stream and the DLQ stream), and
+	// returns an error wrapping ErrUnknownQueue, naming the queue and where
+	// it was looked for, when either is missing; Replay routes to the work
+	// queue found there. For a declared queue the declared names are used.
+	// DLQ itself returns ErrUnknownQueue only for a name no Declare could
+	// accept (see Topology.Validate), and ErrClosed after Close.
 	DLQ(queue string) (DeadLetterQueue, error)
 
 	// Capabilities describes what the adapter does natively.

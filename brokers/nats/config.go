@@ -49,6 +49,13 @@ type Config struct {
 	// messages before it is renewed (JetStream pull "expires"). Defaults to
 	// 2 s.
 	PullWait time.Duration
+	// LookupExchange is the exchange on which DLQ looks for a queue this
+	// broker did not Declare (an operator's tool such as ferry dlq, which
+	// declares nothing): the queue's consumer must be on that exchange's
+	// stream. Empty: every exchange stream on the server that has a DLQ
+	// stream beside it is searched, and the queue must be on exactly one.
+	// Queues this broker declared are always found on their exchange.
+	LookupExchange string
 	// Logger receives connection events (disconnect, reconnect, errors of
 	// the background pull loop). Defaults to slog.Default().
 	Logger *slog.Logger
@@ -114,6 +121,11 @@ func (c Config) validate() error {
 		return fmt.Errorf("nats: config: PullWait %v: must not be negative", c.PullWait)
 	case c.PullWait > 0 && c.PullWait < 100*time.Millisecond:
 		return fmt.Errorf("nats: config: PullWait %v: must be at least 100ms", c.PullWait)
+	}
+	if c.LookupExchange != "" {
+		if err := validName("exchange", c.LookupExchange); err != nil {
+			return fmt.Errorf("nats: config: LookupExchange: %w", err)
+		}
 	}
 	return nil
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
+	"strings"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,13 +14,184 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
+// DLQ implements broker.Broker. The dead letters of a queue are the
+// messages on subject <stream>-dlq.<queue> of the DLQ stream. DLQ does no
+// I/O. For a queue this broker did not declare, every operation first
+// looks the queue up on the server (see locate), creating nothing.
+func (b *natsBroker) DLQ(queue string) (broker.DeadLetterQueue, error) {
+	d, _, err := b.declaredQueue(queue)
+	switch {
+	case err == nil:
+		n := d.names
+		return &deadLetterQueue{b: b, queue: queue, declared: &n}, nil
+	case !errors.Is(err, broker.ErrUnknownQueue):
+		return nil, err
+	}
+	if err := validName("queue", queue); err != nil {
+		return nil, fmt.Errorf("nats: DLQ of %q: %w: %v", queue, broker.ErrUnknownQueue, err)
+	}
+	return &deadLetterQueue{b: b, queue: queue}, nil
+}
+
+// validName reports whether Declare would accept name as an exchange or
+// queue name (broker.Topology.Validate's rule); what names the field.
+func validName(what, name string) error {
+	t := broker.Topology{Exchange: "x", Queues: []broker.Queue{{Name: "q", Bindings: []string{"x"}}}}
+	if what == "exchange" {
+		t.Exchange = name
+	} else {
+		t.Queues[0].Name = name
+	}
+	return t.Validate()
+}
+
 // deadLetterQueue is the DLQ of one queue: the messages on its subject of
 // the exchange's DLQ stream (limits retention, so reading does not remove
 // them).
 type deadLetterQueue struct {
-	b  *natsBroker
-	d  *declared
-	qi *queueInfo
+	b     *natsBroker
+	queue string
+	// declared holds the JetStream names of the queue's exchange when this
+	// broker declared the queue; nil otherwise, and then every operation
+	// looks the exchange up on the server.
+	declared *names
+}
+
+// dlqPlace is where one queue's DLQ and replay subject are.
+type dlqPlace struct {
+	names    names
+	consumer string // the queue's durable consumer on names.stream
+	dlqSubj  string
+	replay   string
+}
+
+func placeOf(n names, queue string) dlqPlace {
+	return dlqPlace{names: n, consumer: encodeName(queue), dlqSubj: n.dlqSubject(queue), replay: n.replaySubject(queue)}
+}
+
+// locate returns where the queue's DLQ is. For a declared queue that is
+// the declared exchange. Otherwise the queue's consumer is looked up on the
+// stream of Config.LookupExchange, or, when that is empty, on every work
+// stream on the server that has a DLQ stream beside it; the queue must be
+// on exactly one. A missing stream, consumer or DLQ stream is an error
+// wrapping broker.ErrUnknownQueue that names the queue, the exchange and
+// the stream. Only lookups are made: nothing is created.
+func (q *deadLetterQueue) locate(ctx context.Context) (dlqPlace, error) {
+	if q.b.isClosed() {
+		return dlqPlace{}, broker.ErrClosed
+	}
+	if q.declared != nil {
+		return placeOf(*q.declared, q.queue), nil
+	}
+	if ex := q.b.cfg.LookupExchange; ex != "" {
+		n := namesFor(ex)
+		if _, err := q.b.js.Stream(ctx, n.stream); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: %w: no exchange %q on the server (stream %s not found), so no queue %q on it",
+					q.queue, broker.ErrUnknownQueue, ex, n.stream, q.queue)
+			}
+			return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.queue, n.stream, err)
+		}
+		return q.check(ctx, ex, n)
+	}
+	return q.search(ctx)
+}
+
+// check looks up the queue's consumer on the work stream of exchange ex
+// and the DLQ stream.
+func (q *deadLetterQueue) check(ctx context.Context, ex string, n names) (dlqPlace, error) {
+	p := placeOf(n, q.queue)
+	if _, err := q.b.js.Consumer(ctx, n.stream, p.consumer); err != nil {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: %w: no queue %q on exchange %q (no consumer %s on stream %s)",
+				q.queue, broker.ErrUnknownQueue, q.queue, ex, p.consumer, n.stream)
+		}
+		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: consumer %s on stream %s: %w", q.queue, p.consumer, n.stream, err)
+	}
+	if _, err := q.b.js.Stream(ctx, n.dlqStream); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: %w: exchange %q has no DLQ stream %s", q.queue, broker.ErrUnknownQueue, ex, n.dlqStream)
+		}
+		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.queue, n.dlqStream, err)
+	}
+	return p, nil
+}
+
+// search finds the exchange of the queue among the server's streams: a
+// work stream S with a DLQ stream S-dlq (the names Declare gives) that
+// has the queue's consumer.
+func (q *deadLetterQueue) search(ctx context.Context) (dlqPlace, error) {
+	all := map[string]bool{}
+	lister := q.b.js.StreamNames(ctx)
+	for name := range lister.Name() {
+		all[name] = true
+	}
+	if err := lister.Err(); err != nil {
+		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: list streams: %w", q.queue, err)
+	}
+	var streams []string
+	for name := range all {
+		if base, ok := strings.CutSuffix(name, "-dlq"); ok && all[base] {
+			streams = append(streams, base)
+		}
+	}
+	sort.Strings(streams)
+	var found []dlqPlace
+	var exchanges []string
+	consumer := encodeName(q.queue)
+	for _, s := range streams {
+		_, err := q.b.js.Consumer(ctx, s, consumer)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: consumer %s on stream %s: %w", q.queue, consumer, s, err)
+		}
+		n := names{stream: s, dlqStream: s + "-dlq"}
+		found = append(found, placeOf(n, q.queue))
+		exchanges = append(exchanges, decodeName(s))
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		shown := make([]string, 0, len(streams))
+		for _, s := range streams {
+			shown = append(shown, decodeName(s))
+		}
+		list := "none exists"
+		if len(shown) > 0 {
+			if len(shown) > 10 {
+				shown = append(shown[:10], fmt.Sprintf("and %d more", len(shown)-10))
+			}
+			list = strings.Join(shown, ", ")
+		}
+		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: %w: no queue %q on any exchange on the server (no consumer %s on the streams of the exchanges: %s)",
+			q.queue, broker.ErrUnknownQueue, q.queue, consumer, list)
+	default:
+		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: queue %q exists on several exchanges (%s): set Config.LookupExchange to the one meant",
+			q.queue, q.queue, strings.Join(exchanges, ", "))
+	}
+}
+
+// decodeName inverts encodeName: a stream name back to the exchange name.
+func decodeName(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '_':
+			b.WriteByte('.')
+		case c == '-' && i+1 < len(s) && s[i+1] == 'u':
+			b.WriteByte('_')
+			i++
+		case c == '-' && i+1 < len(s) && s[i+1] == 'h':
+			b.WriteByte('-')
+			i++
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // deadEntry is one stored dead message with its DLQ stream sequence.
@@ -27,29 +200,37 @@ type deadEntry struct {
 	dead broker.DeadMessage
 }
 
-// scan reads up to limit dead messages (all when limit <= 0), oldest
-// first, by direct gets of the next message on the queue's DLQ subject.
-func (q *deadLetterQueue) scan(ctx context.Context, limit int) ([]deadEntry, error) {
+// scan locates the DLQ and reads up to limit dead messages (all when
+// limit <= 0), oldest first, by direct gets of the next message on the
+// queue's DLQ subject. It returns the DLQ stream and the place too.
+func (q *deadLetterQueue) scan(ctx context.Context, limit int) (jetstream.Stream, dlqPlace, []deadEntry, error) {
 	if q.b.isClosed() {
-		return nil, broker.ErrClosed
+		return nil, dlqPlace{}, nil, broker.ErrClosed
 	}
-	stream, err := q.b.js.Stream(ctx, q.d.names.dlqStream)
+	p, err := q.locate(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.qi.queue.Name, q.d.names.dlqStream, err)
+		return nil, p, nil, err
+	}
+	stream, err := q.b.js.Stream(ctx, p.names.dlqStream)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) && q.declared == nil {
+			return nil, p, nil, fmt.Errorf("nats: DLQ of %s: %w: DLQ stream %s not found", q.queue, broker.ErrUnknownQueue, p.names.dlqStream)
+		}
+		return nil, p, nil, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.queue, p.names.dlqStream, err)
 	}
 	var out []deadEntry
 	for seq := uint64(1); limit <= 0 || len(out) < limit; {
-		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(q.qi.dlqSubj))
+		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(p.dlqSubj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("nats: DLQ of %s: read %s from sequence %d: %w", q.qi.queue.Name, q.qi.dlqSubj, seq, err)
+			return nil, p, nil, fmt.Errorf("nats: DLQ of %s: read %s from sequence %d: %w", q.queue, p.dlqSubj, seq, err)
 		}
-		out = append(out, deadEntry{seq: raw.Sequence, dead: toDead(raw, q.d.names.stream+".")})
+		out = append(out, deadEntry{seq: raw.Sequence, dead: toDead(raw, p.names.stream+".")})
 		seq = raw.Sequence + 1
 	}
-	return out, nil
+	return stream, p, out, nil
 }
 
 func toDead(raw *jetstream.RawStreamMsg, eventPrefix string) broker.DeadMessage {
@@ -68,7 +249,7 @@ func toDead(raw *jetstream.RawStreamMsg, eventPrefix string) broker.DeadMessage 
 func (q *deadLetterQueue) List(ctx context.Context, limit int) ([]broker.DeadMessage, error) {
 	ctx, cancel := withDefaultTimeout(ctx, q.b.cfg.PublishTimeout)
 	defer cancel()
-	entries, err := q.scan(ctx, limit)
+	_, _, entries, err := q.scan(ctx, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -114,15 +295,11 @@ func selectEntries(entries []deadEntry, ids []string) ([]deadEntry, []string) {
 func (q *deadLetterQueue) Replay(ctx context.Context, ids []string) ([]string, error) {
 	ctx, cancel := withDefaultTimeout(ctx, q.b.cfg.PublishTimeout)
 	defer cancel()
-	entries, err := q.scan(ctx, 0)
+	stream, p, entries, err := q.scan(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
 	sel, _ := selectEntries(entries, ids)
-	stream, err := q.b.js.Stream(ctx, q.d.names.dlqStream)
-	if err != nil {
-		return nil, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.qi.queue.Name, q.d.names.dlqStream, err)
-	}
 	var replayed []string
 	seen := map[string]bool{}
 	for _, e := range sel {
@@ -132,14 +309,14 @@ func (q *deadLetterQueue) Replay(ctx context.Context, ids []string) ([]string, e
 		delete(m.Headers, broker.HeaderDeadAt)
 		h, err := wireHeaders(m)
 		if err != nil {
-			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s: %w", q.qi.queue.Name, m.ID, err)
+			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s: %w", q.queue, m.ID, err)
 		}
-		h[jetstream.MsgIDHeader] = []string{fmt.Sprintf("replay:%s:%d:%s", q.qi.consumer, e.seq, m.ID)}
-		if _, err := q.b.js.PublishMsg(ctx, &natsgo.Msg{Subject: q.qi.replay, Header: h, Data: m.Body}); err != nil {
-			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s to %s: %w", q.qi.queue.Name, m.ID, q.qi.replay, err)
+		h[jetstream.MsgIDHeader] = []string{fmt.Sprintf("replay:%s:%d:%s", p.consumer, e.seq, m.ID)}
+		if _, err := q.b.js.PublishMsg(ctx, &natsgo.Msg{Subject: p.replay, Header: h, Data: m.Body}); err != nil {
+			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s to %s: %w", q.queue, m.ID, p.replay, err)
 		}
 		if err := stream.DeleteMsg(ctx, e.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return replayed, fmt.Errorf("nats: DLQ of %s: replayed %s but could not remove it from the DLQ (sequence %d): %w", q.qi.queue.Name, m.ID, e.seq, err)
+			return replayed, fmt.Errorf("nats: DLQ of %s: replayed %s but could not remove it from the DLQ (sequence %d): %w", q.queue, m.ID, e.seq, err)
 		}
 		if !seen[m.ID] {
 			seen[m.ID] = true
@@ -155,7 +332,7 @@ func (q *deadLetterQueue) Replay(ctx context.Context, ids []string) ([]string, e
 func (q *deadLetterQueue) Purge(ctx context.Context, ids []string) ([]string, error) {
 	ctx, cancel := withDefaultTimeout(ctx, q.b.cfg.PublishTimeout)
 	defer cancel()
-	entries, err := q.scan(ctx, 0)
+	stream, p, entries, err := q.scan(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -163,14 +340,10 @@ func (q *deadLetterQueue) Purge(ctx context.Context, ids []string) ([]string, er
 	if len(sel) == 0 {
 		return nil, nil
 	}
-	stream, err := q.b.js.Stream(ctx, q.d.names.dlqStream)
-	if err != nil {
-		return nil, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.qi.queue.Name, q.d.names.dlqStream, err)
-	}
 	if ids == nil {
 		last := sel[len(sel)-1].seq
-		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(q.qi.dlqSubj), jetstream.WithPurgeSequence(last+1)); err != nil {
-			return nil, fmt.Errorf("nats: DLQ of %s: purge %s: %w", q.qi.queue.Name, q.qi.dlqSubj, err)
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(p.dlqSubj), jetstream.WithPurgeSequence(last+1)); err != nil {
+			return nil, fmt.Errorf("nats: DLQ of %s: purge %s: %w", q.queue, p.dlqSubj, err)
 		}
 		return got, nil
 	}
@@ -182,7 +355,7 @@ func (q *deadLetterQueue) Purge(ctx context.Context, ids []string) ([]string, er
 			continue
 		}
 		if err != nil {
-			return purged, fmt.Errorf("nats: DLQ of %s: delete %s (sequence %d): %w", q.qi.queue.Name, e.dead.Message.ID, e.seq, err)
+			return purged, fmt.Errorf("nats: DLQ of %s: delete %s (sequence %d): %w", q.queue, e.dead.Message.ID, e.seq, err)
 		}
 		if id := e.dead.Message.ID; !seen[id] {
 			seen[id] = true

@@ -9,16 +9,28 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
-// DLQ implements broker.Broker.
+// DLQ implements broker.Broker. It does no I/O. For a queue this adapter
+// did not declare (ferry dlq declares nothing), every operation first
+// checks passively that <queue> and <queue>.dlq exist; replays go through
+// the default exchange to <queue>, which needs no other topology.
 func (r *rabbit) DLQ(queue string) (broker.DeadLetterQueue, error) {
 	if r.closed.Load() {
 		return nil, broker.ErrClosed
 	}
 	q, ok := r.queue(queue)
 	if !ok {
-		return nil, fmt.Errorf("rabbitmq: dlq %q: %w", queue, broker.ErrUnknownQueue)
+		if err := validQueueName(queue); err != nil {
+			return nil, fmt.Errorf("rabbitmq: dlq %q: %w: %v", queue, broker.ErrUnknownQueue, err)
+		}
+		q = broker.Queue{Name: queue}
 	}
 	return &dlq{r: r, q: q, name: broker.DLQName(q.Name)}, nil
+}
+
+// validQueueName reports whether Declare would accept name as a queue
+// name (broker.Topology.Validate's rule).
+func validQueueName(name string) error {
+	return broker.Topology{Exchange: "x", Queues: []broker.Queue{{Name: name, Bindings: []string{"x"}}}}.Validate()
 }
 
 // dlq implements broker.DeadLetterQueue on <queue>.dlq. Each operation
@@ -61,9 +73,24 @@ func (q *dlq) scan(ctx context.Context, op string, limit int, settle func(ctx co
 		return fmt.Errorf("rabbitmq: dlq %s: %s: open channel: %w", q.name, op, err)
 	}
 	defer ch.Close()
+	// Passive declarations only look: a missing queue is a 404 that
+	// closes this throwaway channel, and nothing is created.
 	info, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("rabbitmq: dlq %s: %s: %w", q.name, op, err)
+		if isAMQPCode(err, amqp.NotFound) {
+			return fmt.Errorf("rabbitmq: dlq %s: %s: %w: no queue %q on the server (its DLQ %q does not exist)", q.name, op, broker.ErrUnknownQueue, q.q.Name, q.name)
+		}
+		return fmt.Errorf("rabbitmq: dlq %s: %s: %w", q.name, op, q.r.closedErr(err))
+	}
+	if op == "replay" {
+		// Replay publishes to the work queue through the default exchange:
+		// it must exist, or the copies would be returned unroutable.
+		if _, err := ch.QueueDeclarePassive(q.q.Name, true, false, false, false, nil); err != nil {
+			if isAMQPCode(err, amqp.NotFound) {
+				return fmt.Errorf("rabbitmq: dlq %s: %s: %w: the work queue %q does not exist on the server (only its DLQ)", q.name, op, broker.ErrUnknownQueue, q.q.Name)
+			}
+			return fmt.Errorf("rabbitmq: dlq %s: %s: queue %q: %w", q.name, op, q.q.Name, q.r.closedErr(err))
+		}
 	}
 	n := info.Messages
 	if limit > 0 && limit < n {

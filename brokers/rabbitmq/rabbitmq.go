@@ -293,8 +293,8 @@ func (r *rabbit) Capabilities() broker.Capabilities {
 // exchange, then per queue the DLQ, the retry levels, the work queue and its
 // bindings; all durable. A retry level whose delay changed since an earlier
 // declaration is refused by RabbitMQ (PRECONDITION_FAILED, arguments differ):
-// the error names the queue; delete it (or choose other delays) to change
-// it. Bindings are only added, never removed. All Declare calls on one
+// the error wraps broker.ErrTopologyMismatch and names the queue and the
+// argument; delete it (or choose other delays) to change it. Bindings are only added, never removed. All Declare calls on one
 // adapter must use the same exchange; their queues are merged and
 // re-declared after every reconnect.
 func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
@@ -397,21 +397,25 @@ func declareOn(conn *amqp.Connection, t broker.Topology) error {
 	}
 	defer ch.Close()
 	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		if isAMQPCode(err, amqp.PreconditionFailed) {
+			return fmt.Errorf("rabbitmq: declare exchange %q: %w: %w; it exists with another type or other flags (ferry needs a durable topic exchange): delete it or use another exchange name",
+				t.Exchange, broker.ErrTopologyMismatch, err)
+		}
 		return fmt.Errorf("rabbitmq: declare exchange %q: %w", t.Exchange, err)
 	}
 	for _, q := range t.Queues {
 		dlq := broker.DLQName(q.Name)
 		if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("rabbitmq: declare queue %q: %w", dlq, err)
+			return queueDeclareError(dlq, "", err)
 		}
 		for i, d := range q.Delays() {
 			name := retryQueueName(q.Name, i)
 			if _, err := ch.QueueDeclare(name, true, false, false, false, retryQueueArgs(q.Name, d)); err != nil {
-				return fmt.Errorf("rabbitmq: declare retry queue %q (x-message-ttl %dms): %w", name, ttlMillis(d), err)
+				return queueDeclareError(name, fmt.Sprintf("retry level %d, x-message-ttl %dms", i, ttlMillis(d)), err)
 			}
 		}
 		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("rabbitmq: declare queue %q: %w", q.Name, err)
+			return queueDeclareError(q.Name, "", err)
 		}
 		for _, b := range q.Bindings {
 			if err := ch.QueueBind(q.Name, b, t.Exchange, false, nil); err != nil {
@@ -420,6 +424,25 @@ func declareOn(conn *amqp.Connection, t broker.Topology) error {
 		}
 	}
 	return nil
+}
+
+// queueDeclareError describes a refused queue declaration. A
+// PRECONDITION_FAILED (406) refusal means the queue exists with other
+// arguments or flags (RabbitMQ's message names the argument and both
+// values); it wraps broker.ErrTopologyMismatch and says how to fix it.
+func queueDeclareError(name, what string, err error) error {
+	desc := fmt.Sprintf("queue %q", name)
+	if what != "" {
+		desc = fmt.Sprintf("retry queue %q (%s)", name, what)
+	}
+	if !isAMQPCode(err, amqp.PreconditionFailed) {
+		return fmt.Errorf("rabbitmq: declare %s: %w", desc, err)
+	}
+	fix := "the queue exists with other settings: delete it (the next declaration re-creates it) or use another queue name"
+	if what != "" {
+		fix = fmt.Sprintf("every process declaring this queue must use the same retry delays (ferry: the same --retry-delay); to change them, delete %q and its other .retry.<i> queues (messages waiting in them are lost)", name)
+	}
+	return fmt.Errorf("rabbitmq: declare %s: %w: %w; %s", desc, broker.ErrTopologyMismatch, err, fix)
 }
 
 // topology returns a copy of the merged topology, or nil.

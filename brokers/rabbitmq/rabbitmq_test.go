@@ -219,6 +219,9 @@ func TestDeclareChangedRetryDelayRefused(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), tp.Queues[0].Name+".retry.0")
 	require.Contains(t, err.Error(), "PRECONDITION_FAILED")
+	require.ErrorIs(t, err, broker.ErrTopologyMismatch, "a permanent refusal, not worth retrying")
+	require.Contains(t, err.Error(), "x-message-ttl", "names the argument that differs")
+	require.Contains(t, err.Error(), "same retry delays", "says how to fix it")
 	// The adapter that declared first still works.
 	require.NoError(t, b.Declare(ctx, tp))
 	// Another exchange on the same adapter is refused.
@@ -460,4 +463,56 @@ func TestResumesAfterQueueRecreated(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "again", d.Message().ID)
 	require.NoError(t, d.Ack(ctx))
+}
+
+// TestDLQLookupCreatesNothing: the DLQ operations of a broker that never
+// declared look queues up passively: for a queue that does not exist,
+// nothing appears on the server (no queue, DLQ or retry level); a DLQ
+// whose work queue is gone can still be listed, but not replayed.
+func TestDLQLookupCreatesNothing(t *testing.T) {
+	b := newBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := testenv.UniqueName("rmq") + ".nowhere"
+	dlq, err := b.DLQ(name)
+	require.NoError(t, err)
+	_, err = dlq.List(ctx, 0)
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	require.ErrorContains(t, err, name)
+	_, err = dlq.Replay(ctx, nil)
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	_, err = dlq.Purge(ctx, []string{"1"})
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	for _, n := range []string{name, name + ".dlq", name + ".retry.0"} {
+		require.Equal(t, http.StatusNotFound, mgmt(t, "/api/queues/%2F/"+url.PathEscape(n), nil), "queue %s must not exist", n)
+	}
+	// The broker still works after the 404s closed the lookup channels.
+	tp := topology(t, time.Second)
+	require.NoError(t, b.Declare(ctx, tp))
+
+	// Only the DLQ left: List works, Replay is refused before it takes
+	// anything out of the DLQ.
+	only := testenv.UniqueName("rmq") + ".orphan"
+	conn, err := amqp.Dial(testenv.RabbitMQURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = ch.QueueDeclare(only+".dlq", true, false, false, false, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = ch.QueueDelete(only+".dlq", false, false, false) })
+	require.NoError(t, ch.PublishWithContext(ctx, "", only+".dlq", false, false, amqp.Publishing{MessageId: "7", Type: "evt.x", Body: []byte("b")}))
+	orphan, err := newBroker(t).DLQ(only)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		list, err := orphan.List(ctx, 0)
+		return err == nil && len(list) == 1 && list[0].Message.ID == "7"
+	}, 5*time.Second, 50*time.Millisecond)
+	_, err = orphan.Replay(ctx, nil)
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	require.ErrorContains(t, err, "work queue")
+	list, err := orphan.List(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1, "a refused replay leaves the DLQ as it was")
 }

@@ -17,7 +17,9 @@
 // The suite checks the contract written in package broker's doc comments:
 // idempotent Declare, confirmed Publish with per-message failures
 // (ErrUnroutable, ErrMessageTooLarge), context deadlines, prefetch, retry to
-// the failing queue only, the DLQ (List, Replay, Purge), settlement rules,
+// the failing queue only, the DLQ (List, Replay, Purge, also from a broker
+// that did not declare the queue, and ErrUnknownQueue without creating
+// anything for a queue that exists nowhere), settlement rules,
 // redelivery of unsettled messages, Close, and recovery from a server
 // outage. Where a broker's Capabilities rule a feature out (no wildcard
 // bindings, no size limit), the suite checks that the capability is declared
@@ -120,6 +122,8 @@ func RunConformance(t *testing.T, h Harness) {
 			{"SettleAfterSubscriptionClose", s.testSettleAfterSubscriptionClose},
 			{"ConcurrentReceivers", s.testConcurrentReceivers},
 			{"UnknownQueue", s.testUnknownQueue},
+			{"DLQWithoutDeclare", s.testDLQWithoutDeclare},
+			{"DLQOfQueueNowhere", s.testDLQOfQueueNowhere},
 			{"Close", s.testClose},
 		}
 		for _, tc := range tests {
@@ -950,11 +954,129 @@ func (s *suite) testUnknownQueue(t *testing.T) {
 	b := s.declared(t, tp)
 	_, err := b.Subscribe(ctxFor(t, 10*time.Second), tp.Queues[0].Name+"-undeclared", broker.SubscribeOptions{})
 	require.ErrorIs(t, err, broker.ErrUnknownQueue)
-	_, err = b.DLQ("undeclared-queue")
-	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	requireUnknownDLQ(t, b, tp.Queues[0].Name+"-undeclared")
 	fresh := s.newBroker(t)
 	_, err = fresh.Subscribe(ctxFor(t, 10*time.Second), tp.Queues[0].Name, broker.SubscribeOptions{})
 	require.ErrorIs(t, err, broker.ErrUnknownQueue, "a queue this broker did not declare")
+}
+
+// requireUnknownDLQ checks that the DLQ of queue, which exists nowhere,
+// is ErrUnknownQueue, either from DLQ or from every DeadLetterQueue
+// method, with the queue named; it asks twice, so a lookup that created
+// the queue would be caught by the second round.
+func requireUnknownDLQ(t *testing.T, b broker.Broker, queue string) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	for round := 1; round <= 2; round++ {
+		dlq, err := b.DLQ(queue)
+		if err != nil {
+			require.ErrorIs(t, err, broker.ErrUnknownQueue, "round %d: DLQ(%q)", round, queue)
+			require.ErrorContains(t, err, queue, "the error names the queue")
+			continue
+		}
+		_, err = dlq.List(ctx, 0)
+		require.ErrorIs(t, err, broker.ErrUnknownQueue, "round %d: List of %q", round, queue)
+		require.ErrorContains(t, err, queue, "the error names the queue")
+		_, err = dlq.Replay(ctx, nil)
+		require.ErrorIs(t, err, broker.ErrUnknownQueue, "round %d: Replay of %q", round, queue)
+		_, err = dlq.Purge(ctx, nil)
+		require.ErrorIs(t, err, broker.ErrUnknownQueue, "round %d: Purge of %q", round, queue)
+		_, err = dlq.Replay(ctx, []string{"x"})
+		require.ErrorIs(t, err, broker.ErrUnknownQueue, "round %d: Replay of an ID in %q", round, queue)
+	}
+}
+
+// testDLQWithoutDeclare: an operator's tool connects a second broker that
+// never calls Declare and lists, replays and purges the DLQ of a queue
+// the first broker declared; the replay reaches that queue only.
+func (s *suite) testDLQWithoutDeclare(t *testing.T) {
+	tp := s.topo(t, q("work", "evt.nodecl"), q("bystander", "evt.nodecl"))
+	b := s.declared(t, tp)
+	work, bystander := tp.Queues[0].Name, tp.Queues[1].Name
+	sub := subscribe(t, b, work, 0)
+	by := subscribe(t, b, bystander, 0)
+	ctx := ctxFor(t, 60*time.Second)
+	ids := []string{"n1", "n2", "n3"}
+	for _, id := range ids {
+		publish(t, b, msg(id, "evt.nodecl"))
+		d := receive(t, sub, arrive)
+		require.Equal(t, id, d.Message().ID)
+		require.NoError(t, d.DeadLetter(ctx, "dead "+id))
+	}
+	require.Equal(t, ids, sorted(receiveIDs(t, by, 3)))
+
+	tool := s.newBroker(t) // never declares
+	dlq, err := tool.DLQ(work)
+	require.NoError(t, err, "DLQ of a queue declared by another broker")
+	list, err := dlq.List(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, list, 3)
+	for i, dm := range list {
+		require.Equal(t, ids[i], dm.Message.ID, "List is oldest first")
+		require.Equal(t, "evt.nodecl", dm.Message.Type)
+		require.Equal(t, "k-"+ids[i], dm.Message.Key)
+		require.Equal(t, "dead "+ids[i], dm.LastError)
+		require.Equal(t, "v-"+ids[i], dm.Message.Headers["app-header"])
+	}
+	limited, err := dlq.List(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, limited, 1)
+	require.Equal(t, "n1", limited[0].Message.ID)
+
+	// The bystander's DLQ is another one, and empty.
+	byDLQ, err := tool.DLQ(bystander)
+	require.NoError(t, err)
+	byList, err := byDLQ.List(ctx, 0)
+	require.NoError(t, err)
+	require.Empty(t, byList)
+
+	replayed, err := dlq.Replay(ctx, []string{"n2", "absent"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"n2"}, replayed)
+	d := receive(t, sub, arrive)
+	require.Equal(t, "n2", d.Message().ID)
+	require.Equal(t, 1, d.Message().Attempt, "a replayed message starts again at attempt 1")
+	require.Empty(t, d.Message().Headers[broker.HeaderLastError])
+	require.Equal(t, "evt.nodecl", d.Message().Type)
+	require.Equal(t, "k-n2", d.Message().Key)
+	require.NoError(t, d.Ack(ctx))
+	receiveNone(t, by, quiet)
+
+	purged, err := dlq.Purge(ctx, []string{"n3"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"n3"}, purged)
+	list, err = dlq.List(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "n1", list[0].Message.ID)
+
+	// The declaring broker sees the same DLQ.
+	own, err := b.DLQ(work)
+	require.NoError(t, err)
+	list, err = own.List(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	purged, err = dlq.Purge(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"n1"}, purged)
+	list, err = own.List(ctx, 0)
+	require.NoError(t, err)
+	require.Empty(t, list)
+	receiveNone(t, sub, quiet/2)
+}
+
+// testDLQOfQueueNowhere: the DLQ of a queue that exists on no exchange of
+// the server is ErrUnknownQueue, for a broker that declared other queues
+// and for one that declared nothing, and looking does not create it.
+func (s *suite) testDLQOfQueueNowhere(t *testing.T) {
+	tp := s.topo(t, q("a", "evt.nowhere"))
+	b := s.declared(t, tp)
+	nowhere := testenv.UniqueName("ct") + "-nowhere"
+	requireUnknownDLQ(t, b, nowhere)
+	requireUnknownDLQ(t, s.newBroker(t), nowhere)
+	// A name no Declare accepts is unknown too, not a panic or a server
+	// error.
+	requireUnknownDLQ(t, s.newBroker(t), "no such queue")
 }
 
 func (s *suite) testClose(t *testing.T) {

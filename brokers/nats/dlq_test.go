@@ -146,4 +146,3 @@ func jsFor(t *testing.T) jetstream.JetStream {
 	require.NoError(t, err)
 	return js
 }
-

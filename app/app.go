@@ -171,6 +171,10 @@ func New(cfg Config) (*App, error) {
 		mail.WithPort(port),
 		mail.WithTLSPolicy(mail.NoTLS),
 		mail.WithTimeout(cfg.SMTPTimeout),
+		// One connection per mail, closed after it: no RSET after the
+		// accept, one round trip less between the accept and the commit.
+		mail.WithoutRset(),
+		mail.WithDialContextFunc(dialSMTP),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("%w: SMTP client: %v", ErrConfig, err)

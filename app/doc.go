@@ -46,10 +46,23 @@
 // publishes it at least once; a request that fails writes neither.
 // HandleNotification runs in the worker's deduplication transaction and
 // locks the notification row, so concurrent duplicates serialize and the
-// second skips a notification already sent. The mail is sent before the
-// transaction commits: if the commit fails after the SMTP server took the
-// mail, the retry sends it again. Every copy carries the same Message-ID
-// (MessageID) and an X-Ferry-Notification-Id header, so such a duplicate
-// is detectable. Mail is sent one SMTP connection per notification, with
-// no TLS and no authentication (a local relay such as Mailpit).
+// second skips a notification already sent. It marks the row sent before
+// it talks to the SMTP server, in that transaction, which commits only if
+// the send succeeded; so once the SMTP server has accepted the mail, only
+// the worker's COMMIT remains. A worker shutting down cancels the
+// handler's ctx: the SMTP dialogue is cut at once, except while the
+// server is answering a mail it has received in full, where the handler
+// waits for the answer (bounded by Config.SMTPTimeout) and reports an
+// accepted mail as sent.
+//
+// That leaves one window that no framework can close without the mail
+// server's cooperation (SMTP has no two-phase commit): a crash (kill -9,
+// power loss, a lost database connection) between the SMTP server's
+// accept and the COMMIT. The transaction then rolls back, the broker
+// redelivers the event, and the mail is sent again. Every copy carries the
+// same Message-ID (MessageID) and an X-Ferry-Notification-Id header, so
+// receivers and ESPs that deduplicate on Message-ID show it once, and the
+// duplicate is detectable everywhere else. Mail is sent one SMTP
+// connection per notification, with no TLS and no authentication (a local
+// relay such as Mailpit).
 package app

@@ -45,17 +45,27 @@ func parseEvent(msg *broker.Message) (int64, error) {
 // HandleNotification is the worker.Handler for EventNotificationRequested,
 // run inside the worker's deduplication transaction tx. It locks the
 // notification row (SELECT ... FOR UPDATE), returns nil at once when the
-// notification is already sent, otherwise sends the mail to the SMTP
-// server and marks the row sent with attempts+1.
+// notification is already sent, otherwise marks the row sent with
+// attempts+1 and then sends the mail to the SMTP server. The mark is
+// written before the send, in tx, so it commits only when the send
+// succeeded and the handler returned nil; once the SMTP server has
+// accepted the mail nothing but the worker's COMMIT remains.
+//
+// The send honours ctx: when ctx is done (a worker shutting down) the
+// SMTP dialogue is cut and an error wrapping ctx's error is returned,
+// except while the server is deciding on a mail it has received in full;
+// then the handler waits for the answer (at most Config.SMTPTimeout), so
+// an accepted mail is reported as sent (nil) even though ctx is done.
 //
 // A payload that does not parse, or names no notification, is
 // worker.Permanent (straight to the DLQ). An SMTP 5xx answer is permanent
 // too; other SMTP and network errors are returned for a retry.
 //
 // Delivery is at least once: if the transaction fails to commit after the
-// SMTP server took the mail, a retry sends it again. Every copy has the
-// same Message-ID (derived from the notification id and creation time) and
-// the X-Ferry-Notification-Id header, so duplicates are detectable.
+// SMTP server took the mail (a crash, a lost database connection), the
+// redelivery sends it again. Every copy has the same Message-ID (derived
+// from the notification id and creation time) and the
+// X-Ferry-Notification-Id header, so duplicates are detectable.
 func (a *App) HandleNotification(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 	id, err := parseEvent(msg)
 	if err != nil {
@@ -76,18 +86,22 @@ func (a *App) HandleNotification(ctx context.Context, tx pgx.Tx, msg *broker.Mes
 		a.log.Debug("app: notification already sent; skipping", "notification_id", id, "message_id", msg.ID)
 		return nil
 	}
+	// Mark it sent first: after the SMTP server accepts the mail, only the
+	// commit is left, so a cancelled ctx or a failing statement can no
+	// longer undo the mark of a mail that went out. If the send fails, the
+	// worker rolls tx back and the mark with it.
+	if _, err := tx.Exec(ctx, `
+		UPDATE notifications
+		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
+		WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
+	}
 	if err := a.send(ctx, id, createdAt, to, subject, body); err != nil {
 		var se *mail.SendError
 		if errors.As(err, &se) && se.ErrorCode() >= 500 && se.ErrorCode() < 600 {
 			return worker.Permanent(err)
 		}
 		return err
-	}
-	if _, err := tx.Exec(ctx, `
-		UPDATE notifications
-		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
-		WHERE id = $1`, id); err != nil {
-		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
 	}
 	return nil
 }
@@ -98,7 +112,10 @@ func (a *App) MessageID(id int64, createdAt time.Time) string {
 	return fmt.Sprintf("notification-%d.%d@%s", id, createdAt.UnixMicro(), a.fromDomain)
 }
 
-// send delivers one mail over a fresh SMTP connection.
+// send delivers one mail over a fresh SMTP connection. It returns nil once
+// the server has accepted the mail, whatever happens to the session
+// afterwards; when ctx is done first it cuts the session (see sendGuard)
+// and returns an error wrapping ctx.Err().
 func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subject, body string) error {
 	m := mail.NewMsg()
 	if err := m.From(a.cfg.SMTPFrom); err != nil {
@@ -112,15 +129,22 @@ func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subje
 	m.SetGenHeader(HeaderNotificationID, strconv.FormatInt(id, 10))
 	m.SetDate()
 	m.SetBodyString(mail.TypeTextPlain, body)
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 2*a.cfg.SMTPTimeout)
-		defer cancel()
+	g := &sendGuard{}
+	stop := context.AfterFunc(ctx, g.cancel)
+	defer stop()
+	err := a.mail.DialAndSendWithContext(context.WithValue(ctx, sendGuardKey{}, g), m)
+	switch {
+	case err == nil:
+		return nil
+	case m.IsDelivered():
+		// The server accepted the mail; only QUIT failed (or was cut
+		// because ctx is done). The mail is sent.
+		a.log.Debug("app: mail accepted; closing the SMTP session failed", "notification_id", id, "error", err)
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("app: notification %d: smtp %s: sending cut short, the mail was not accepted: %w", id, a.cfg.SMTPAddr, ctx.Err())
 	}
-	if err := a.mail.DialAndSendWithContext(ctx, m); err != nil {
-		return fmt.Errorf("app: notification %d: smtp %s: %w", id, a.cfg.SMTPAddr, err)
-	}
-	return nil
+	return fmt.Errorf("app: notification %d: smtp %s: %w", id, a.cfg.SMTPAddr, err)
 }
 
 // OnFailure is the worker.Config.OnFailure hook (a worker.FailureFunc):

@@ -65,7 +65,7 @@ func metricsFlags(def string) []cli.Flag {
 func alertFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.IntFlag{Name: flagAlertThreshold, Value: alert.DefaultThreshold, EnvVars: env(flagAlertThreshold),
-			Usage: "stuck-outbox alert: fire when more than this many outbox rows are unprocessed for --alert-for"},
+			Usage: "stuck-outbox alert: fire when more than this many outbox rows are unprocessed for --alert-for (one alert per database: of several relays only the leader notifies; state kept in the table ferry_alerts)"},
 		&cli.DurationFlag{Name: flagAlertFor, Value: alert.DefaultFor, EnvVars: env(flagAlertFor),
 			Usage: "stuck-outbox alert: how long the backlog must stay above --alert-threshold"},
 		&cli.DurationFlag{Name: flagAlertInterval, Value: alert.DefaultInterval, EnvVars: env(flagAlertInterval),
@@ -271,7 +271,9 @@ func (o *observability) serveMetrics(ctx context.Context) error {
 }
 
 // runAlert runs the stuck-outbox alert until ctx is done (relay and run);
-// it returns nil at once for a command without the alert flags.
+// it returns nil at once for a command without the alert flags. The alert
+// is one per database (alert.Config.Pool): of several relays on one
+// database only the one holding the leader lock notifies.
 func (o *observability) runAlert(ctx context.Context) error {
 	if o == nil || !o.set.alertEnabled {
 		return nil
@@ -284,6 +286,10 @@ func (o *observability) runAlert(ctx context.Context) error {
 		Logger:    o.log.With("component", "alert"),
 		Source:    o.outboxStats,
 		Labels:    map[string]string{"broker": o.broker},
+		// One alert per database: the relays (and runs) on one database
+		// elect a leader that alone notifies, and a replacement continues
+		// a firing alert from the table ferry_alerts.
+		Pool: o.pool,
 	})
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package ferrycli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 )
@@ -146,6 +149,98 @@ func TestObservabilityOnRealDatabase(t *testing.T) {
 	require.Equal(t, 2.0, posts[0]["unprocessed_rows"])
 	require.Equal(t, map[string]any{"broker": "rabbitmq"}, posts[0]["labels"])
 	require.Equal(t, "resolved", posts[1]["status"])
+}
+
+// TestAlertOnePerDatabase: the alerts of two relays on one database (each
+// with its own pool, as two processes) post one "firing" between them;
+// when the leading one stops and the outbox drains, the other posts one
+// "resolved".
+func TestAlertOnePerDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, dsn := testenv.NewPool(t)
+	require.NoError(t, outbox.Migrate(ctx, db))
+
+	var mu sync.Mutex
+	var statuses []string
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		statuses = append(statuses, fmt.Sprint(body["status"]))
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	posted := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), statuses...) }
+
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Enqueue(ctx, tx,
+		outbox.Event{Type: "a.b", Body: []byte("1")}, outbox.Event{Type: "a.b", Body: []byte("2")})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	type relay struct {
+		stop func()
+		done chan error
+	}
+	relays := map[string]relay{}
+	for _, name := range []string{"relay1", "relay2"} {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		require.NoError(t, err)
+		cfg.ConnConfig.RuntimeParams["application_name"] = name // tells the lock holder apart
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		set, err := parseObs(t, "--alert-threshold", "1", "--alert-for", "100ms", "--alert-interval", "20ms",
+			"--alert-webhook-url", hook.URL)
+		require.NoError(t, err)
+		o, err := newObservability(ctx, set, "rabbitmq", pool, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		t.Cleanup(o.close)
+		actx, stop := context.WithCancel(ctx)
+		r := relay{stop: stop, done: make(chan error, 1)}
+		go func() { r.done <- o.runAlert(actx) }()
+		relays[name] = r
+	}
+	// leader is the application_name of the session holding the lock ("" for none).
+	leader := func() string {
+		var name string
+		err := db.QueryRow(ctx, `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.granted AND l.database =
+			(SELECT oid FROM pg_database WHERE datname = current_database())`, alert.LockClassID).Scan(&name)
+		if err != nil {
+			return ""
+		}
+		return name
+	}
+
+	require.Eventually(t, func() bool { return len(posted()) >= 1 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // many ticks of both
+	require.Equal(t, []string{"firing"}, posted(), "one notification per database, not per relay")
+
+	first := leader()
+	require.Contains(t, relays, first)
+	relays[first].stop()
+	require.NoError(t, <-relays[first].done)
+	second := "relay1"
+	if first == "relay1" {
+		second = "relay2"
+	}
+	require.Eventually(t, func() bool { return leader() == second }, 10*time.Second, 10*time.Millisecond,
+		"the remaining relay takes the lead")
+
+	_, err = db.Exec(ctx, `UPDATE outbox SET processed_at = now()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(posted()) >= 2 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, []string{"firing", "resolved"}, posted())
+	relays[second].stop()
+	require.NoError(t, <-relays[second].done)
+
+	var state string
+	require.NoError(t, db.QueryRow(ctx, `SELECT state FROM ferry_alerts WHERE name = $1`, alert.DefaultName).Scan(&state))
+	require.Equal(t, "inactive", state)
 }
 
 func TestNilObservabilityChangesNothing(t *testing.T) {

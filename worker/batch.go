@@ -207,7 +207,7 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 		}
 		it.state = batchDone
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := commit(ctx, tx); err != nil {
 		return w.batchErr(ctx, "commit", err)
 	}
 	return nil

@@ -512,11 +512,22 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (dup bool, er
 		w.rollback(ctx, tx)
 		return false, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := commit(ctx, tx); err != nil {
 		w.rollback(ctx, tx)
 		return false, fmt.Errorf("worker: commit: %w", err)
 	}
 	return false, nil
+}
+
+// commit commits tx on a context detached from ctx's cancellation: once a
+// handler returned nil its work, which may include a side effect outside
+// the database such as a mail the SMTP server accepted, must be recorded
+// even when the shutdown timeout cancelled ctx meanwhile; rolling it back
+// would make the redelivery do it again.
+func commit(ctx context.Context, tx pgx.Tx) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	return tx.Commit(cctx)
 }
 
 // callHandler runs the handler, turning a panic into an error wrapping

@@ -76,6 +76,7 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("LongHandlerKeepsItsDelivery", func(t *testing.T) { testLongHandler(t, s) })
 	t.Run("ShutdownFinishesInFlight", func(t *testing.T) { testShutdown(t, s) })
 	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, s) })
+	t.Run("ShutdownTimeoutCommitsFinishedWork", func(t *testing.T) { testShutdownTimeoutCommits(t, s) })
 }
 
 // CreateSchema migrates the pool's database with outbox.Migrate (which
@@ -648,6 +649,47 @@ func testShutdownTimeout(t *testing.T, s suite) {
 	out2.waitCount(t, worker.OutcomeAck, 1)
 	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '13'`))
 	require.Empty(t, listDLQ(t, f.b, f.queue))
+}
+
+// testShutdownTimeoutCommits: a handler that is still running when the
+// shutdown timeout cancels its ctx, and then completes its work and returns
+// nil (as the app does after the SMTP server accepted a mail), has that work
+// committed and acked: a new worker does not handle the message again.
+func testShutdownTimeoutCommits(t *testing.T, s suite) {
+	f := setup(t, s, 1)
+	out := newOutcomes()
+	started := make(chan struct{})
+	var once sync.Once
+	cfg := f.config("late", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		once.Do(func() { close(started) })
+		<-ctx.Done() // the external side effect outlives the shutdown timeout
+		return recordSideEffect(context.WithoutCancel(ctx), tx, "late", msg)
+	})
+	cfg.ShutdownTimeout = 300 * time.Millisecond
+	cfg.OnOutcome = out.hook
+	stop := start(t, cfg)
+	f.publish(t, f.msg("14"))
+	select {
+	case <-started:
+	case <-time.After(waitTimeout):
+		t.Fatal("workertest: the handler did not start")
+	}
+	stop()
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '14'`),
+		"the work the handler finished after the cancel is committed")
+	require.NoError(t, f.b.Close())
+
+	f.b = s.newBroker(t)
+	require.NoError(t, f.b.Declare(context.Background(), f.topo))
+	var calls atomic.Int32
+	cfg2 := f.config("late", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		calls.Add(1)
+		return recordSideEffect(ctx, tx, "late", msg)
+	})
+	start(t, cfg2)
+	time.Sleep(500 * time.Millisecond) // a redelivery, if any, arrives at once
+	require.Zero(t, calls.Load(), "the message was handled again after its work was committed")
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '14'`))
 }
 
 // testLongHandler runs handlers longer than the ack deadline, three

@@ -30,6 +30,14 @@
 // Publish checks the Type against the declared bindings itself and
 // reports broker.ErrUnroutable.
 //
+// Concurrent Publish calls share the connection and do not wait for each
+// other: each call waits only for the PubAcks of its own messages (routed
+// to it by the client's ack and error handlers), never for the
+// connection's whole backlog. At most 8192 publishes are in flight on the
+// connection; past that a call waits for a free slot until its ctx ends.
+// The routing decision and subject of a Type are computed once per
+// declared exchange.
+//
 // A subscription pulls only for Receive calls waiting, at most Prefetch
 // unsettled deliveries per subscription; the consumer's AckWait is
 // SubscribeOptions.AckDeadline, and Delivery.Extend sends InProgress so

@@ -6,9 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"mime"
+	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,13 +42,16 @@ type Created struct {
 
 // Handler returns the HTTP API:
 //
-//	POST /notifications       201 Created; 400/413/422 with an APIError body for bad
+//	POST /notifications       201 Created; 400/413/415/422 with an APIError body for bad
 //	                          input; 503 unavailable when the database is down
 //	GET  /notifications/{id}  200 Notification; 404 APIError
 //	GET  /healthz             200 {"status":"ok"} while the process runs
-//	GET  /readyz              200 {"status":"ok"}, 503 when the database does not answer
+//	GET  /readyz              200 {"status":"ok"}; 503 {"status":"unavailable","error":...}
+//	                          when the database does not answer or lacks the schema
 //
-// Every answer is JSON. Ids are decimal strings.
+// Every answer is JSON, including 404 for an unknown path and 405 (with
+// an Allow header) for a known path with another method. Ids are decimal
+// strings.
 func (a *App) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /notifications", a.handleCreate)
@@ -52,17 +59,53 @@ func (a *App) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := a.Ping(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+	mux.HandleFunc("GET /readyz", a.handleReady)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r) // sets the path values
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		// No route: the mux's own answer is a plain-text 404 or 405 (or a
+		// redirect to a cleaned path). Keep its status and headers (Allow,
+		// Location), answer in JSON.
+		rec := &headerRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		for _, k := range []string{"Allow", "Location"} {
+			if v := rec.header.Values(k); len(v) > 0 {
+				w.Header()[k] = v
+			}
+		}
+		switch rec.status {
+		case http.StatusMethodNotAllowed:
+			writeJSON(w, rec.status, &APIError{Code: CodeMethodNotAllowed,
+				Message: "method " + r.Method + " is not allowed on " + clip(r.URL.Path) + "; allowed: " + rec.header.Get("Allow")})
+		case http.StatusNotFound, 0:
+			writeJSON(w, http.StatusNotFound, &APIError{Code: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + clip(r.URL.Path)})
+		default:
+			writeJSON(w, rec.status, map[string]string{"status": http.StatusText(rec.status)})
+		}
 	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, &APIError{Code: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + clip(r.URL.Path)})
-	})
-	return mux
+}
+
+// headerRecorder records the status and headers of the mux's 404, 405
+// and redirect answers and discards their text body.
+type headerRecorder struct {
+	header http.Header
+	status int
+}
+
+func (h *headerRecorder) Header() http.Header { return h.header }
+func (h *headerRecorder) Write(b []byte) (int, error) {
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (h *headerRecorder) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
 }
 
 // requestLimit is the largest HTTP request body read: a maximal body field
@@ -70,6 +113,10 @@ func (a *App) Handler() http.Handler {
 func (a *App) requestLimit() int64 { return 6*int64(a.cfg.MaxBodyBytes) + 64<<10 }
 
 func (a *App) handleCreate(w http.ResponseWriter, r *http.Request) {
+	if e := checkMediaType(r.Header); e != nil {
+		writeJSON(w, e.Status, e)
+		return
+	}
 	key, e := checkIdempotencyKey(r.Header.Values("Idempotency-Key"))
 	if e != nil {
 		writeJSON(w, e.Status, e)
@@ -79,12 +126,19 @@ func (a *App) handleCreate(w http.ResponseWriter, r *http.Request) {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiErr(http.StatusRequestEntityTooLarge, "body", CodeRequestTooLarge,
-				"request body exceeds %d bytes; the body field is limited to %d bytes", limit, a.cfg.MaxBodyBytes))
-			return
+		var ne net.Error
+		switch {
+		case errors.As(err, &mbe):
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiErr(http.StatusRequestEntityTooLarge, "", CodeRequestTooLarge,
+				"the request is larger than %d bytes, the limit for a whole request (the body field alone may have %d bytes); nothing was read",
+				limit, a.cfg.MaxBodyBytes))
+		case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+			w.Header().Set("Connection", "close")
+			writeJSON(w, http.StatusRequestTimeout, apiErr(http.StatusRequestTimeout, "", CodeRequestTimeout,
+				"the request body did not arrive in time; nothing was written"))
+		default:
+			writeJSON(w, http.StatusBadRequest, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "reading the request body: %v", err))
 		}
-		writeJSON(w, http.StatusBadRequest, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "reading the request body: %v", err))
 		return
 	}
 	req, e := ParseRequest(data, a.cfg.MaxBodyBytes)
@@ -207,6 +261,56 @@ func (a *App) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, n)
+}
+
+// handleReady answers GET /readyz. The reason given is generic (the
+// database error itself, which names users, hosts and databases, goes to
+// the log, once per change of reason).
+func (a *App) handleReady(w http.ResponseWriter, r *http.Request) {
+	reason, err := a.ready(r.Context())
+	if err != nil {
+		if prev, _ := a.lastUnready.Swap(reason).(string); prev != reason {
+			a.log.Warn("app: not ready", "reason", reason, "error", err)
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": reason})
+		return
+	}
+	if prev, _ := a.lastUnready.Swap("").(string); prev != "" {
+		a.log.Info("app: ready again")
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// checkMediaType refuses a body the API would misread: a Content-Type
+// other than application/json (parameters are allowed; a charset must be
+// UTF-8, the only encoding of JSON text), or a Content-Encoding other than
+// identity. A missing Content-Type is read as JSON.
+func checkMediaType(h http.Header) *APIError {
+	for _, enc := range h.Values("Content-Encoding") {
+		for _, e := range strings.Split(enc, ",") {
+			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
+				return apiErr(http.StatusUnsupportedMediaType, "Content-Encoding", CodeUnsupportedMediaType,
+					"Content-Encoding %q is not supported; send the JSON uncompressed", clip(e))
+			}
+		}
+	}
+	ct := h.Values("Content-Type")
+	if len(ct) == 0 {
+		return nil
+	}
+	if len(ct) > 1 {
+		return apiErr(http.StatusUnsupportedMediaType, "Content-Type", CodeUnsupportedMediaType, "Content-Type given %d times; give it once", len(ct))
+	}
+	mt, params, err := mime.ParseMediaType(ct[0])
+	if err != nil || mt != "application/json" {
+		return apiErr(http.StatusUnsupportedMediaType, "Content-Type", CodeUnsupportedMediaType,
+			"Content-Type %q is not supported; send application/json", clip(ct[0]))
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
+		return apiErr(http.StatusUnsupportedMediaType, "Content-Type", CodeUnsupportedMediaType,
+			"charset %q is not supported; JSON is UTF-8", clip(cs))
+	}
+	return nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -133,7 +133,7 @@ func TestBadInputsWriteNothing(t *testing.T) {
 		{"body boolean", with("body", true), nil, 422, "body", app.CodeInvalidType},
 		{"body NUL", with("body", "a\u0000b"), nil, 422, "body", app.CodeInvalidCharacters},
 		{"body one byte too large", with("body", big), nil, 413, "body", app.CodeBodyTooLarge},
-		{"request too large", with("body", huge), nil, 413, "body", app.CodeRequestTooLarge},
+		{"request too large", with("body", huge), nil, 413, "", app.CodeRequestTooLarge},
 		{"body invalid UTF-8", raw("{\"user_id\":\"u-1\",\"channel\":\"email\",\"to\":\"a@example.com\",\"body\":\"\xff\xfe\"}"), nil, 400, "body", app.CodeInvalidUTF8},
 		{"to invalid UTF-8", raw("{\"user_id\":\"u-1\",\"channel\":\"email\",\"to\":\"a\xc3@example.com\",\"body\":\"x\"}"), nil, 400, "to", app.CodeInvalidUTF8},
 		{"idempotency key with space", valid(), map[string]string{"Idempotency-Key": "a b"}, 400, "Idempotency-Key", app.CodeInvalidIdempotencyKey},

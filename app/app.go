@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -155,6 +156,12 @@ type App struct {
 	log        *slog.Logger
 	mail       *mail.Client
 	fromDomain string
+	// schemaOK is set once CheckSchema passed; the schema is not checked
+	// again (migrations only move forward).
+	schemaOK atomic.Bool
+	// lastUnready is the last reason /readyz gave (a string; "" when
+	// ready), to log each change once.
+	lastUnready atomic.Value
 }
 
 // New checks cfg, applies the defaults and returns the service. It does
@@ -219,4 +226,39 @@ func (a *App) Ping(ctx context.Context) error {
 		return fmt.Errorf("app: database: %w", err)
 	}
 	return nil
+}
+
+// Ready reports whether the service can take requests: the database
+// answers within ctx (at most 2s when ctx has no deadline) and has the
+// schema (CheckSchema; checked until it first passes, then remembered).
+// The error wraps the database's error or is a *SchemaError.
+func (a *App) Ready(ctx context.Context) error {
+	_, err := a.ready(ctx)
+	return err
+}
+
+// ready is Ready plus a reason fit for an HTTP answer: it names neither
+// users, hosts nor databases.
+func (a *App) ready(ctx context.Context) (string, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+	}
+	if err := a.Ping(ctx); err != nil {
+		return "the database does not answer", err
+	}
+	if a.schemaOK.Load() {
+		return "", nil
+	}
+	err := CheckSchema(ctx, a.pool)
+	var se *SchemaError
+	if errors.As(err, &se) {
+		return se.Reason() + `: run "ferry migrate"`, err
+	}
+	if err != nil {
+		return "the database schema could not be checked", err
+	}
+	a.schemaOK.Store(true)
+	return "", nil
 }

@@ -26,8 +26,17 @@
 // Every error answer is JSON, {"error": "...", "field": "to", "code":
 // "invalid_address"}, with one of the Code constants, so rejections can be
 // grouped by code; bad input is 400 (undecodable), 413 (too large) or 422
-// (decodable but invalid) and writes nothing. Bytes PostgreSQL refuses
-// (U+0000, invalid UTF-8) are caught before the database.
+// (decodable but invalid) and writes nothing. The parser guesses nothing:
+// a member given twice is 400 duplicate_field (a lenient decoder would keep
+// the last "to"); bytes PostgreSQL refuses (U+0000, invalid UTF-8) and
+// escapes that encode no character (an unpaired surrogate such as
+// "\ud800", which decoders turn into U+FFFD) are caught before the
+// database; a Content-Type other than application/json or a
+// Content-Encoding other than identity is 415 (no Content-Type is read as
+// JSON). A request over the whole-request limit is 413 request_too_large;
+// a body field over Config.MaxBodyBytes is 413 body_too_large. A known
+// path with another method is 405 with an Allow header, an unknown path
+// 404, both in JSON.
 //
 // An Idempotency-Key header makes the request repeatable: the key and a
 // hash of the normalized request are stored with the row under a unique
@@ -36,9 +45,11 @@
 // same key with a different request is 422 idempotency_key_reused.
 //
 // GET /notifications/{id} returns a Notification (status pending, sent or
-// dead, attempts, last_error); an unknown id is 404 not_found. GET /healthz
-// answers while the process runs; GET /readyz is 503 while the database
-// does not answer.
+// dead, attempts, last_error); an unknown id is 404 not_found, and so is
+// any id not in canonical decimal form ("01" and "+1" are not 1). GET
+// /healthz answers while the process runs; GET /readyz is 503 while the
+// database does not answer or lacks the schema (see CheckSchema), with a
+// reason that never includes the driver's error (that goes to the log).
 //
 // # Delivery semantics
 //

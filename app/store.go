@@ -35,10 +35,12 @@ type Notification struct {
 
 // Status returns the notification with the given id (a decimal string, as
 // the API returns it). It returns an error wrapping ErrNotFound when there
-// is none, including when id is not a positive decimal integer.
+// is none, including when id is not the canonical form of a positive
+// int64 (digits only, no sign, no leading zero: "01" and "+1" are not
+// aliases of "1").
 func (a *App) Status(ctx context.Context, id string) (*Notification, error) {
 	n, err := strconv.ParseInt(id, 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != id {
 		return nil, fmt.Errorf("%w: id %q", ErrNotFound, clip(id))
 	}
 	var out Notification

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,9 +18,16 @@ import (
 const (
 	// CodeMalformedJSON (400): the request body is not one JSON object.
 	CodeMalformedJSON = "malformed_json"
-	// CodeInvalidUTF8 (400): a field's bytes are not valid UTF-8, which
-	// PostgreSQL refuses to store.
+	// CodeInvalidUTF8: a field is not valid text, which PostgreSQL refuses
+	// to store. 400 when the field's raw bytes are not UTF-8 (the request
+	// is not JSON text at all); 422 when it is valid JSON whose string
+	// holds an unpaired UTF-16 surrogate escape such as "\ud800", which
+	// encodes no character (decoders silently turn it into U+FFFD).
 	CodeInvalidUTF8 = "invalid_utf8"
+	// CodeDuplicateField (400): the object has the same member twice
+	// (after unescaping), e.g. two "to"; the API refuses to guess which
+	// one was meant.
+	CodeDuplicateField = "duplicate_field"
 	// CodeUnknownField (422): the object has a member the API does not know.
 	CodeUnknownField = "unknown_field"
 	// CodeMissingField (422): a required field is absent or null.
@@ -43,7 +49,8 @@ const (
 	// CodeBodyTooLarge (413): the "body" field exceeds Config.MaxBodyBytes.
 	CodeBodyTooLarge = "body_too_large"
 	// CodeRequestTooLarge (413): the whole HTTP request body exceeds the
-	// request limit (see Config.MaxBodyBytes), so no field could be read.
+	// request limit (see Config.MaxBodyBytes), so no field was read; the
+	// answer names no field.
 	CodeRequestTooLarge = "request_too_large"
 	// CodeInvalidIdempotencyKey (400): the Idempotency-Key header is empty,
 	// longer than MaxIdempotencyKeyBytes, repeated, or not visible ASCII.
@@ -54,8 +61,21 @@ const (
 	// CodeIdempotencyConflict (409): the row holding the Idempotency-Key
 	// vanished while the request looked it up; retrying is safe.
 	CodeIdempotencyConflict = "idempotency_conflict"
-	// CodeNotFound (404): no notification has that id.
+	// CodeNotFound (404): no notification has that id (ids are canonical
+	// positive decimal integers: "1", never "01" or "+1"), or no such
+	// endpoint.
 	CodeNotFound = "not_found"
+	// CodeMethodNotAllowed (405): the path exists but not with this
+	// method; the Allow header lists the methods it has.
+	CodeMethodNotAllowed = "method_not_allowed"
+	// CodeUnsupportedMediaType (415): Content-Type is present and not
+	// application/json (parameters allowed, charset only UTF-8), or
+	// Content-Encoding is present and not identity. A request without
+	// Content-Type is read as JSON.
+	CodeUnsupportedMediaType = "unsupported_media_type"
+	// CodeRequestTimeout (408): the request body did not arrive in time
+	// (the HTTP server's read timeout).
+	CodeRequestTimeout = "request_timeout"
 	// CodeInternal (500): a server-side failure; the request wrote nothing.
 	CodeInternal = "internal"
 	// CodeUnavailable (503): the database could not be reached; nothing was
@@ -137,28 +157,17 @@ var fieldOrder = []string{"user_id", "channel", "to", "subject", "body"}
 
 // ParseRequest decodes and validates a POST /notifications body. It
 // returns the first problem found as an *APIError naming the field and a
-// Code constant: malformed JSON, invalid UTF-8, unknown, missing, mistyped
-// or empty fields, over-long fields, U+0000, a bad address, an unknown
+// Code constant: malformed JSON, a duplicate member, invalid UTF-8 (or an
+// unpaired surrogate escape), unknown, missing, mistyped or empty fields, over-long fields, U+0000, a bad address, an unknown
 // channel, or a body over maxBody bytes (413). maxBody <= 0 means
 // DefaultMaxBodyBytes.
 func ParseRequest(data []byte, maxBody int) (*Request, *APIError) {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes
 	}
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&raw); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "request body must be a JSON object, got %s", te.Value)
-		}
-		return nil, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "request body is not valid JSON: %v", err)
-	}
-	if raw == nil {
-		return nil, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "request body must be a JSON object, got null")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, apiErr(http.StatusBadRequest, "", CodeMalformedJSON, "request body has data after the JSON object")
+	raw, e := decodeObject(data)
+	if e != nil {
+		return nil, e
 	}
 	for name := range raw {
 		if !knownFields[name] {
@@ -207,6 +216,69 @@ func ParseRequest(data []byte, maxBody int) (*Request, *APIError) {
 	return &req, nil
 }
 
+// decodeObject decodes one JSON object into its members, undecoded, in a
+// single pass. It refuses a member given twice (after unescaping its name:
+// "to" and "t\u006f" are the same member), which a plain decode into a
+// map would silently resolve in favour of the last.
+func decodeObject(data []byte) (map[string]json.RawMessage, *APIError) {
+	malformed := func(format string, args ...any) *APIError {
+		return apiErr(http.StatusBadRequest, "", CodeMalformedJSON, format, args...)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err == io.EOF {
+		return nil, malformed("request body is empty; want a JSON object")
+	}
+	if err != nil {
+		return nil, malformed("request body is not valid JSON: %v", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, malformed("request body must be a JSON object, got %s", tokenKind(tok))
+	}
+	raw := make(map[string]json.RawMessage, len(fieldOrder))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, malformed("request body is not valid JSON: %v", err)
+		}
+		name, _ := tok.(string) // inside an object, Token returns the member name
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, malformed("request body is not valid JSON: %v", err)
+		}
+		if _, dup := raw[name]; dup {
+			return nil, apiErr(http.StatusBadRequest, clip(name), CodeDuplicateField,
+				"field %q is given more than once; give each field once", clip(name))
+		}
+		raw[name] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, malformed("request body is not valid JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, malformed("request body has data after the JSON object")
+	}
+	return raw, nil
+}
+
+func tokenKind(tok json.Token) string {
+	switch v := tok.(type) {
+	case nil:
+		return "null"
+	case json.Delim:
+		if v == '[' {
+			return "an array"
+		}
+		return string(v)
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	default:
+		return "a number"
+	}
+}
+
 // stringField returns raw[name] decoded as a JSON string; present is false
 // when the member is absent or null.
 func stringField(raw map[string]json.RawMessage, name string) (string, bool, *APIError) {
@@ -224,11 +296,72 @@ func stringField(raw map[string]json.RawMessage, name string) (string, bool, *AP
 	if len(v) == 0 || v[0] != '"' {
 		return "", false, apiErr(http.StatusUnprocessableEntity, name, CodeInvalidType, "%s must be a string, got %s", name, jsonKind(v))
 	}
+	if i := unpairedSurrogate(v); i >= 0 {
+		return "", false, apiErr(http.StatusUnprocessableEntity, name, CodeInvalidUTF8,
+			"%s holds the escape %s at byte %d, half of a UTF-16 surrogate pair, which is no character", name, v[i:i+6], i-1)
+	}
 	var s string
 	if err := json.Unmarshal(v, &s); err != nil {
 		return "", false, apiErr(http.StatusBadRequest, name, CodeMalformedJSON, "%s: %v", name, err)
 	}
 	return s, true, nil
+}
+
+// unpairedSurrogate returns the offset in the JSON string literal v of a
+// \uXXXX escape that encodes half of a UTF-16 surrogate pair without its
+// other half, or -1. encoding/json decodes such an escape to U+FFFD
+// without an error.
+func unpairedSurrogate(v []byte) int {
+	for i := 0; i < len(v); i++ {
+		j := bytes.IndexByte(v[i:], '\\')
+		if j < 0 {
+			return -1
+		}
+		i += j + 1 // the escaped character
+		if i >= len(v) || v[i] != 'u' {
+			continue
+		}
+		r, ok := hex4(v[i+1:])
+		if !ok {
+			continue // malformed; json.Unmarshal reports it
+		}
+		switch {
+		case r >= 0xD800 && r < 0xDC00: // high half: a low half must follow
+			if len(v) >= i+11 && v[i+5] == '\\' && v[i+6] == 'u' {
+				if lo, ok := hex4(v[i+7:]); ok && lo >= 0xDC00 && lo < 0xE000 {
+					i += 10
+					continue
+				}
+			}
+			return i - 1
+		case r >= 0xDC00 && r < 0xE000: // a low half alone
+			return i - 1
+		}
+		i += 4
+	}
+	return -1
+}
+
+// hex4 decodes the four hex digits at the start of b.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }
 
 // checkText rejects an empty (or blank), over-long or control-character
@@ -278,7 +411,7 @@ func checkIdempotencyKey(vals []string) (string, *APIError) {
 		return "", apiErr(http.StatusBadRequest, field, CodeInvalidIdempotencyKey, "Idempotency-Key given %d times; give it once", len(vals))
 	}
 	k := vals[0]
-	if k == "" || len(k) > MaxIdempotencyKeyBytes {
+	if strings.TrimSpace(k) == "" || len(k) > MaxIdempotencyKeyBytes {
 		return "", apiErr(http.StatusBadRequest, field, CodeInvalidIdempotencyKey, "Idempotency-Key must be 1..%d bytes, got %d", MaxIdempotencyKeyBytes, len(k))
 	}
 	for i := 0; i < len(k); i++ {

@@ -169,7 +169,7 @@ func (q *deadLetterQueue) search(ctx context.Context) (dlqPlace, error) {
 		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: %w: no queue %q on any exchange on the server (no consumer %s on the streams of the exchanges: %s)",
 			q.queue, broker.ErrUnknownQueue, q.queue, consumer, list)
 	default:
-		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: queue %q exists on several exchanges (%s): set Config.LookupExchange to the one meant",
+		return dlqPlace{}, fmt.Errorf("nats: DLQ of %s: queue %q exists on several exchanges (%s): say which with Config.LookupExchange (ferry dlq: --exchange)",
 			q.queue, q.queue, strings.Join(exchanges, ", "))
 	}
 }

@@ -21,6 +21,11 @@ type BrokerOptions struct {
 	RabbitMQURL string
 	// NATSURL is --nats-url, a nats:// URL.
 	NATSURL string
+	// LookupExchange is the exchange on which the DLQ of a queue this
+	// process did not declare is looked for (ferry dlq's --exchange when
+	// given); brokers whose DLQ lookup needs no exchange ignore it. Empty:
+	// the adapter searches (NATS: every exchange stream).
+	LookupExchange string
 	// Logger receives the adapter's logs.
 	Logger *slog.Logger
 }
@@ -37,7 +42,7 @@ var Brokers = map[string]BrokerFunc{
 		return rabbitmq.New(ctx, rabbitmq.Config{URL: o.RabbitMQURL, Logger: o.Logger})
 	},
 	"nats": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
-		return nats.New(ctx, nats.Config{URL: o.NATSURL, Logger: o.Logger})
+		return nats.New(ctx, nats.Config{URL: o.NATSURL, LookupExchange: o.LookupExchange, Logger: o.Logger})
 	},
 }
 
@@ -89,8 +94,10 @@ func OpenBroker(ctx context.Context, name string, o BrokerOptions) (broker.Broke
 // connectBroker opens the broker and declares t on it, retrying with
 // backoff (0.5 s doubling to 5 s) while the broker cannot be reached, so
 // a relay or worker started before its broker waits for it. It returns
-// only a lookup error, a topology the broker refuses as unsupported, or
-// ctx's error.
+// only a lookup error, a topology the broker refuses as unsupported or as
+// different from what it already holds (broker.ErrTopologyMismatch, e.g.
+// another --retry-delay than the queue was declared with: permanent, so
+// not retried), or ctx's error.
 func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, log *slog.Logger) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {
@@ -108,7 +115,7 @@ func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.T
 				return b, nil
 			}
 			_ = b.Close()
-			if errors.Is(err, broker.ErrUnsupported) {
+			if errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) {
 				return nil, fmt.Errorf("ferry: %s: declare topology: %w", name, err)
 			}
 		}

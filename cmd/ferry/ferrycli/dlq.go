@@ -1,19 +1,19 @@
 package ferrycli
 
 import (
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os/user"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 )
 
@@ -31,10 +31,22 @@ func formatFlag() cli.Flag {
 }
 
 // dlqFlags are the flags every dlq subcommand takes: the broker and the
-// queue whose DLQ it reads. The queue is declared (idempotently) first, so
-// --retry-delay must match the workers'.
+// queue whose DLQ it reads. The dlq commands declare nothing, so
+// --retry-delay does not matter to them: it is still accepted (hidden), so
+// that one set of flags or FERRY_* variables serves every command.
 func dlqFlags() []cli.Flag {
-	return concat(brokerFlags(), logFlags())
+	var flags []cli.Flag
+	for _, f := range brokerFlags() {
+		switch {
+		case slices.Contains(f.Names(), flagRetryDelay):
+			f = &cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay), Hidden: true, Usage: "ignored: the dlq commands declare nothing"}
+		case slices.Contains(f.Names(), flagExchange):
+			f = &cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange),
+				Usage: "NATS: the exchange (stream) of --queue; when not given, every exchange on the server is searched for the queue. RabbitMQ: not needed"}
+		}
+		flags = append(flags, f)
+	}
+	return concat(flags, logFlags())
 }
 
 func selectFlags() []cli.Flag {
@@ -47,7 +59,7 @@ func selectFlags() []cli.Flag {
 func dlqCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "dlq",
-		Usage: "list, replay and purge the dead-letter queue of --queue (default notifications.send), the same on every broker",
+		Usage: "list, replay and purge the dead-letter queue of --queue (default notifications.send), the same on every broker; declares nothing, and fails for a queue the broker does not have",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "list",
@@ -76,27 +88,57 @@ func dlqCommand() *cli.Command {
 }
 
 // openDLQ connects to the broker once (no waiting: these are one-shot
-// commands), declares the app's topology and returns the DLQ of --queue.
-func openDLQ(ctx context.Context, s *settings, log *slog.Logger) (broker.Broker, broker.DeadLetterQueue, error) {
-	b, err := OpenBroker(ctx, s.broker, BrokerOptions{RabbitMQURL: s.brokerOpts.RabbitMQURL, NATSURL: s.brokerOpts.NATSURL, Logger: log})
+// commands) and returns the DLQ of --queue. It declares nothing: the
+// adapter looks the queue up on the server at the first operation (see
+// broker.Broker.DLQ), so the command needs neither the bindings nor the
+// retry delays, and a wrong --queue creates nothing. --exchange, when
+// given, tells the adapter where to look (NATS).
+func openDLQ(c *cli.Context, s *settings, log *slog.Logger) (broker.Broker, broker.DeadLetterQueue, error) {
+	lookup := ""
+	if c.IsSet(flagExchange) {
+		lookup = s.exchange
+		t := broker.Topology{Exchange: lookup, Queues: []broker.Queue{{Name: "q", Bindings: []string{"x"}}}}
+		if err := t.Validate(); err != nil {
+			return nil, nil, usagef("--%s %q: want letters, digits, '-', '_' or '.'", flagExchange, lookup)
+		}
+	}
+	opts := BrokerOptions{RabbitMQURL: s.brokerOpts.RabbitMQURL, NATSURL: s.brokerOpts.NATSURL, LookupExchange: lookup, Logger: log}
+	b, err := OpenBroker(c.Context, s.broker, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ferry: dlq: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)
-	}
-	t := broker.Topology{Exchange: s.exchange, Queues: []broker.Queue{{Name: s.queue, Bindings: []string{app.EventNotificationRequested}, RetryDelays: s.retryDelays}}}
-	if err := t.Validate(); err != nil {
-		b.Close()
-		return nil, nil, usagef("--%s/--%s: %v", flagExchange, flagQueue, err)
-	}
-	if err := b.Declare(ctx, t); err != nil {
-		b.Close()
-		return nil, nil, fmt.Errorf("ferry: dlq: declare queue %s: %w", s.queue, err)
 	}
 	d, err := b.DLQ(s.queue)
 	if err != nil {
 		b.Close()
-		return nil, nil, fmt.Errorf("ferry: dlq: %w", err)
+		return nil, nil, dlqError(c, s, err)
 	}
 	return b, d, nil
+}
+
+// dlqError turns an error of the DLQ into the command's error. A queue
+// the broker does not have (broker.ErrUnknownQueue) gets a message saying
+// which flag is likely wrong; the adapter's detail follows.
+func dlqError(c *cli.Context, s *settings, err error) error {
+	if !errors.Is(err, broker.ErrUnknownQueue) {
+		return fmt.Errorf("ferry: %s: %w", cmdName(c), err)
+	}
+	var where string
+	switch {
+	case s.broker == "nats" && c.IsSet(flagExchange):
+		where = fmt.Sprintf("on nats exchange %q (is --%s or --%s right?)", s.exchange, flagQueue, flagExchange)
+	case s.broker == "nats":
+		where = fmt.Sprintf("on any nats exchange (is --%s right? --%s names the exchange to look on)", flagQueue, flagExchange)
+	default:
+		where = fmt.Sprintf("on %s (is --%s right? its DLQ is <queue>.dlq)", s.broker, flagQueue)
+	}
+	return fmt.Errorf("ferry: %s: no queue %q %s: %w", cmdName(c), s.queue, where, err)
+}
+
+// notInDLQ is the error of replay and purge when some requested IDs were
+// not in the DLQ (the others were acted on).
+func notInDLQ(c *cli.Context, s *settings, missing []string, asked int) error {
+	return fmt.Errorf("ferry: %s: %d of %d requested ID(s) not in the DLQ %s: %s",
+		cmdName(c), len(missing), asked, broker.DLQName(s.queue), strings.Join(missing, ", "))
 }
 
 // deadJSON is one dead message in `dlq list --format json`.
@@ -134,7 +176,7 @@ func dlqList(c *cli.Context) error {
 		return usagef("--%s %d: must be 0 (all) or more", flagLimit, limit)
 	}
 	filter := strings.ToLower(c.String(flagErrorContains))
-	b, d, err := openDLQ(c.Context, s, log)
+	b, d, err := openDLQ(c, s, log)
 	if err != nil {
 		return err
 	}
@@ -145,7 +187,7 @@ func dlqList(c *cli.Context) error {
 	}
 	msgs, err := d.List(c.Context, fetch)
 	if err != nil {
-		return fmt.Errorf("ferry: dlq list: %w", err)
+		return dlqError(c, s, err)
 	}
 	var out []broker.DeadMessage
 	for _, m := range msgs {
@@ -236,7 +278,7 @@ func dlqReplay(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, d, err := openDLQ(c.Context, s, log)
+	b, d, err := openDLQ(c, s, log)
 	if err != nil {
 		return err
 	}
@@ -245,17 +287,24 @@ func dlqReplay(c *cli.Context) error {
 	if c.Bool(flagDryRun) {
 		msgs, err := d.List(c.Context, 0)
 		if err != nil {
-			return fmt.Errorf("ferry: dlq replay: %w", err)
+			return dlqError(c, s, err)
 		}
 		msgs = pick(msgs, ids)
 		fmt.Fprintf(c.App.Writer, "dry run: would replay %d message(s) to %s:\n", len(msgs), s.queue)
 		writeDeadTable(c.App.Writer, msgs)
+		found := make([]string, 0, len(msgs))
+		for _, m := range msgs {
+			found = append(found, m.Message.ID)
+		}
+		if missing := notIn(ids, found); len(missing) > 0 {
+			return notInDLQ(c, s, missing, len(ids))
+		}
 		return nil
 	}
 	// Read what is about to move so the audit log says what it was.
 	before, err := d.List(c.Context, 0)
 	if err != nil {
-		return fmt.Errorf("ferry: dlq replay: %w", err)
+		return dlqError(c, s, err)
 	}
 	byID := map[string]broker.DeadMessage{}
 	for _, m := range before {
@@ -271,11 +320,14 @@ func dlqReplay(c *cli.Context) error {
 		log.Info("dlq replay", attrs...)
 	}
 	if err != nil {
+		if errors.Is(err, broker.ErrUnknownQueue) {
+			return dlqError(c, s, err)
+		}
 		return fmt.Errorf("ferry: dlq replay: %d replayed before the error: %w", len(done), err)
 	}
 	fmt.Fprintf(c.App.Writer, "replayed %d message(s) to %s%s\n", len(done), s.queue, listSuffix(done))
 	if missing := notIn(ids, done); len(missing) > 0 {
-		fmt.Fprintf(c.App.Writer, "not in the DLQ: %s\n", strings.Join(missing, ", "))
+		return notInDLQ(c, s, missing, len(ids))
 	}
 	return nil
 }
@@ -296,7 +348,7 @@ func dlqPurge(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, d, err := openDLQ(c.Context, s, log)
+	b, d, err := openDLQ(c, s, log)
 	if err != nil {
 		return err
 	}
@@ -307,11 +359,14 @@ func dlqPurge(c *cli.Context) error {
 		log.Info("dlq purge", "id", id, "queue", s.queue, "by", who, "at", time.Now().UTC().Format(time.RFC3339))
 	}
 	if err != nil {
+		if errors.Is(err, broker.ErrUnknownQueue) {
+			return dlqError(c, s, err)
+		}
 		return fmt.Errorf("ferry: dlq purge: %d purged before the error: %w", len(done), err)
 	}
 	fmt.Fprintf(c.App.Writer, "purged %d message(s) from %s%s\n", len(done), broker.DLQName(s.queue), listSuffix(done))
 	if missing := notIn(ids, done); len(missing) > 0 {
-		fmt.Fprintf(c.App.Writer, "not in the DLQ: %s\n", strings.Join(missing, ", "))
+		return notInDLQ(c, s, missing, len(ids))
 	}
 	return nil
 }

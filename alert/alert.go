@@ -148,7 +148,9 @@ type Config struct {
 	// so a new leader continues where the old one stopped (see the package
 	// documentation, "One alert per database"). Optional: nil keeps the
 	// state in this process only, so every process with an Alert notifies
-	// on its own and a stopped process forgets a firing alert.
+	// on its own and a stopped process forgets a firing alert. The leader
+	// takes one connection out of the pool while it leads; the pool's
+	// user needs the right to create the table the first time.
 	Pool *pgxpool.Pool
 }
 

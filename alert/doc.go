@@ -38,7 +38,10 @@
 // Source and notifies. The leader checks the connection on every tick; when
 // it fails (or a query on it fails) the leadership is lost, the in-memory
 // state is forgotten, and whoever takes the lock next continues from the
-// table. Close (and Run on return) releases the lock.
+// table. Close (and Run on return) releases the lock. The leader's session
+// sets idle_session_timeout (at least a minute, well above the time between
+// its pings), so a leader whose host vanished without closing the
+// connection loses the lock then, not when TCP keepalive gives up.
 //
 // The state is kept in the table ferry_alerts (TableName), created with
 // CREATE TABLE IF NOT EXISTS by the first leader: state, since (when the

@@ -118,6 +118,14 @@ func (a *Alert) Close() error {
 
 func (a *Alert) dbTimeout() time.Duration { return max(a.cfg.Interval, minDBTimeout) }
 
+// leaderIdleTimeout is the leader session's idle_session_timeout: longer
+// than the gap between two pings of a live leader (a tick: Source, one
+// notification per notifier, two saves), at least a minute.
+func (a *Alert) leaderIdleTimeout() time.Duration {
+	tick := a.cfg.Interval + a.cfg.Interval + 3*a.dbTimeout() + time.Duration(len(a.cfg.Notifiers))*a.cfg.NotifyTimeout
+	return max(time.Minute, 2*tick)
+}
+
 // lead makes sure this Alert leads: it checks the lock's connection when it
 // holds the lock, and otherwise tries to take it. a.mu is held.
 func (a *Alert) lead(ctx context.Context) bool {
@@ -128,10 +136,12 @@ func (a *Alert) lead(ctx context.Context) bool {
 		if err == nil {
 			return true
 		}
-		a.lose("the connection holding the leader lock failed", err)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil { // stopping: the cancelled ping broke the connection
+			_ = a.closeLockConn()
+			a.reset()
 			return false
 		}
+		a.lose("the connection holding the leader lock failed", err)
 	}
 	return a.acquire(ctx)
 }
@@ -161,6 +171,18 @@ func (a *Alert) acquire(ctx context.Context) bool {
 		return false
 	}
 	a.lockConn = pc.Hijack()
+	// A leader whose host died or was cut off sends no FIN; without this
+	// the server would keep its session, and the lock, until TCP
+	// keepalive gives up (hours by default). The leader pings every
+	// Interval, so a live one never idles that long. PostgreSQL 14+; on an
+	// older server the lock is held until TCP notices.
+	if _, err := a.lockConn.Exec(cctx, fmt.Sprintf("SET idle_session_timeout = %d", a.leaderIdleTimeout().Milliseconds())); err != nil {
+		a.log().Warn("alert: cannot set idle_session_timeout on the leader connection; a vanished leader keeps the lock until TCP gives up", "err", err)
+		if a.lockConn.IsClosed() {
+			a.lose("the connection holding the leader lock failed", err)
+			return false
+		}
+	}
 	if err := a.load(cctx); err != nil {
 		a.lose("cannot load the stored alert state", err)
 		return false

@@ -1,9 +1,15 @@
 package alert
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/internal/testenv"
 )
 
 // Two webhooks on one host have the same String(); their stored queues
@@ -27,4 +33,23 @@ func TestLockObjIDStable(t *testing.T) {
 	require.Equal(t, LockObjID(DefaultName), LockObjID("FerryOutboxStuck"))
 	require.NotEqual(t, LockObjID("a"), LockObjID("b"))
 	require.Equal(t, int32(-468965076), LockObjID("a")) // FNV-1a 32 of "a" is 0xe40c292c
+}
+
+// The leader's session carries idle_session_timeout, so the server frees
+// the lock of a leader that vanished without closing its connection.
+func TestLeaderSessionHasIdleTimeout(t *testing.T) {
+	pool, _ := testenv.NewPool(t)
+	a, err := New(Config{
+		Interval: 20 * time.Millisecond, Pool: pool,
+		Source: func(context.Context) (int, time.Duration, error) { return 0, 0, nil },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	defer a.Close()
+	ctx := context.Background()
+	a.Check(ctx)
+	require.True(t, a.Leading())
+	var v string
+	require.NoError(t, a.lockConn.QueryRow(ctx, `SHOW idle_session_timeout`).Scan(&v))
+	require.Equal(t, "1min", v)
 }

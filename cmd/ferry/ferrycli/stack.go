@@ -184,6 +184,31 @@ func (st *stack) close() {
 
 func (st *stack) topology() broker.Topology { return st.app.Topology(st.s.retryDelays) }
 
+// apiServerTimeouts are the API server's timeouts (a variable for tests):
+// a client gets ReadHeader to send its headers and Read for the whole
+// request including the body (so a stalled body, slowloris style, cannot
+// hold a connection and a goroutine for ever); Write bounds the handler
+// plus the answer, generously; Idle bounds a kept-alive connection
+// between requests.
+var apiServerTimeouts = struct{ readHeader, read, write, idle time.Duration }{
+	readHeader: 10 * time.Second,
+	read:       30 * time.Second,
+	write:      2 * time.Minute,
+	idle:       120 * time.Second,
+}
+
+// newAPIServer builds the API's http.Server around h.
+func newAPIServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: apiServerTimeouts.readHeader,
+		ReadTimeout:       apiServerTimeouts.read,
+		WriteTimeout:      apiServerTimeouts.write,
+		IdleTimeout:       apiServerTimeouts.idle,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
 // runAPI serves the HTTP API on s.addr until ctx is done, then shuts down
 // within the shutdown timeout.
 func (st *stack) runAPI(ctx context.Context) error {
@@ -191,11 +216,7 @@ func (st *stack) runAPI(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ferry: api: --%s %s: %w", flagAddr, st.s.addr, err)
 	}
-	srv := &http.Server{
-		Handler:           st.obs.apiHandler(st.app.Handler()),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(st.log.Handler(), slog.LevelWarn),
-	}
+	srv := newAPIServer(st.obs.apiHandler(st.app.Handler()), st.log)
 	st.log.Info("api listening", "addr", ln.Addr().String())
 	if st.apiReady != nil {
 		st.apiReady(ln.Addr().String())

@@ -267,7 +267,10 @@ func runCommand() *cli.Command {
 				return ignoreStopped(c.Context, err)
 			}
 			log.Info("ferry run", "database", w.database, "broker", w.broker, "smtp", w.smtp)
-			st, err := openStack(c.Context, s, log, true)
+			// Only the embedded PostgreSQL is migrated here; a database
+			// given with --database-url is migrated explicitly ("ferry
+			// migrate"), and runAll refuses it without the schema.
+			st, err := openStack(c.Context, s, log, !s.databaseSet)
 			if err != nil {
 				return ignoreStopped(c.Context, err)
 			}

@@ -152,13 +152,18 @@ func TestRunExportsOneTracePerNotification(t *testing.T) {
 	apiAddr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 
+	// "ferry run" migrates only its embedded PostgreSQL; a given database
+	// is migrated explicitly.
+	db := testenv.NewDatabase(t)
+	require.Equal(t, 0, ferrycli.Main(ctx, []string{"ferry", "migrate", "--database-url", db}, io.Discard, io.Discard))
+
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan int, 1)
 	var stderr strings.Builder
 	lw := &lockedWriter{w: &stderr}
 	go func() {
 		done <- ferrycli.Main(rctx, []string{"ferry", "run",
-			"--database-url", testenv.NewDatabase(t), "--broker", "rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+			"--database-url", db, "--broker", "rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
 			"--exchange", testenv.UniqueName("otel"), "--queue", testenv.UniqueName("otel.send"),
 			"--addr", apiAddr, "--otlp-endpoint", receiver.URL, "--log-level", "warn",
 		}, io.Discard, lw)

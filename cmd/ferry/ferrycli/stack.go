@@ -36,6 +36,9 @@ type stack struct {
 	// obs adds metrics, tracing and the stuck-outbox alert; nil changes
 	// nothing.
 	obs *observability
+	// schemaChecked is set once checkSchema passed with the app's tables,
+	// so run checks once for its three roles.
+	schemaChecked bool
 }
 
 // where describes the servers a command uses, for logs and the demo
@@ -177,6 +180,39 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 	return app.Migrate(ctx, pool)
 }
 
+// checkSchema makes a role fail at start, with a clear error, on a
+// database without the migrations it needs (instead of a /readyz 200
+// followed by 500s, or a relay backing off forever): the outbox's for
+// every role, the app's too when withApp (api, worker). It never migrates:
+// only "ferry migrate", demo and run with embedded PostgreSQL do.
+func (st *stack) checkSchema(ctx context.Context, withApp bool) error {
+	if st.schemaChecked {
+		return nil
+	}
+	var err error
+	if withApp {
+		err = app.CheckSchema(ctx, st.pool)
+	} else {
+		cur, latest, verr := outbox.MigrationVersion(ctx, st.pool)
+		switch {
+		case verr != nil:
+			err = verr
+		case cur < latest:
+			err = &app.SchemaError{Component: "outbox", Current: cur, Latest: latest}
+		}
+	}
+	var se *app.SchemaError
+	if errors.As(err, &se) {
+		return fmt.Errorf(`ferry: %s: run "ferry migrate" first (only "ferry demo", and "ferry run" with its embedded PostgreSQL, migrate on their own)`,
+			se.Reason())
+	}
+	if err != nil {
+		return fmt.Errorf("ferry: database %s: checking the schema: %w", redactURL(st.s.databaseURL), err)
+	}
+	st.schemaChecked = withApp
+	return nil
+}
+
 func (st *stack) close() {
 	st.obs.close()
 	st.pool.Close()
@@ -212,6 +248,9 @@ func newAPIServer(h http.Handler, log *slog.Logger) *http.Server {
 // runAPI serves the HTTP API on s.addr until ctx is done, then shuts down
 // within the shutdown timeout.
 func (st *stack) runAPI(ctx context.Context) error {
+	if err := st.checkSchema(ctx, true); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", st.s.addr)
 	if err != nil {
 		return fmt.Errorf("ferry: api: --%s %s: %w", flagAddr, st.s.addr, err)
@@ -240,6 +279,9 @@ func (st *stack) runAPI(ctx context.Context) error {
 // runRelay publishes the outbox to the broker until ctx is done; it waits
 // for an unreachable broker.
 func (st *stack) runRelay(ctx context.Context) error {
+	if err := st.checkSchema(ctx, false); err != nil {
+		return err
+	}
 	defer st.obs.startAlert(ctx)()
 	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.log)
 	if err != nil {
@@ -265,6 +307,9 @@ func (st *stack) runRelay(ctx context.Context) error {
 // runWorker consumes the notification queue until ctx is done; it waits
 // for an unreachable broker.
 func (st *stack) runWorker(ctx context.Context) error {
+	if err := st.checkSchema(ctx, true); err != nil {
+		return err
+	}
 	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("worker"), st.topology(), st.log)
 	if err != nil {
 		return ignoreCanceled(ctx, err)
@@ -301,6 +346,9 @@ func (st *stack) brokerOptions(component string) BrokerOptions {
 // runAll runs api, relay and worker until ctx is done or one of them
 // fails; a failure stops the others.
 func (st *stack) runAll(ctx context.Context) error {
+	if err := st.checkSchema(ctx, true); err != nil { // once for the three roles
+		return err
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return st.runAPI(gctx) })
 	g.Go(func() error { return st.runRelay(gctx) })

@@ -303,8 +303,12 @@ func checkMediaType(h http.Header) *APIError {
 	}
 	mt, params, err := mime.ParseMediaType(ct[0])
 	if err != nil || mt != "application/json" {
+		hint := ""
+		if mt == "application/x-www-form-urlencoded" {
+			hint = " (curl -d sends that type unless -H 'Content-Type: application/json' is given)"
+		}
 		return apiErr(http.StatusUnsupportedMediaType, "Content-Type", CodeUnsupportedMediaType,
-			"Content-Type %q is not supported; send application/json", clip(ct[0]))
+			"Content-Type %q is not supported; send application/json%s", clip(ct[0]), hint)
 	}
 	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
 		return apiErr(http.StatusUnsupportedMediaType, "Content-Type", CodeUnsupportedMediaType,

@@ -23,6 +23,8 @@ const (
 	DefaultBatchSize         = 100
 	DefaultConcurrency       = 4
 	DefaultPollInterval      = 500 * time.Millisecond
+	DefaultBatchDelay        = time.Millisecond
+	DefaultRecheckDelay      = 2 * time.Millisecond // DefaultNotifyWindow
 	DefaultPublishTimeout    = 30 * time.Second
 	DefaultRetryBackoff      = time.Second
 	DefaultMaxRetryBackoff   = 5 * time.Minute
@@ -64,9 +66,27 @@ type RelayConfig struct {
 	// confirmed publish rate with 1-2 loops and about 0.8 with 4).
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without having
-	// been notified, a fallback for lost notifications. Defaults to
-	// DefaultPollInterval (500 ms).
+	// been notified, a fallback for lost notifications; it is the longest
+	// a committed row waits while the relay and the broker are up (see the
+	// package documentation, "Latency"). Defaults to DefaultPollInterval
+	// (500 ms).
 	PollInterval time.Duration
+	// BatchDelay is how long a claim loop waits, after a batch that
+	// claimed rows but fewer than BatchSize, before it claims again, so
+	// that the rows committed meanwhile go out together in one batch (one
+	// claim, one confirm round, one commit) rather than one batch per
+	// NOTIFY. A loop woken from idle claims at once, so an idle relay
+	// publishes a new row without this delay. Negative claims again at
+	// once. Defaults to DefaultBatchDelay (1 ms).
+	BatchDelay time.Duration
+	// RecheckDelay is how long after an empty claim that followed a
+	// wake-up or a batch the relay claims once more before going idle, to
+	// find the rows whose Enqueue left the NOTIFY to another transaction
+	// (SetNotifyWindow) and committed after that claim. Keep it at least
+	// the producers' notify window. Negative disables the recheck (only
+	// sensible with SetNotifyWindow(0)). Defaults to DefaultRecheckDelay
+	// (2 ms, DefaultNotifyWindow).
+	RecheckDelay time.Duration
 	// PublishTimeout bounds one batch's broker.Broker.Publish. Defaults to
 	// DefaultPublishTimeout (30 s).
 	PublishTimeout time.Duration
@@ -142,8 +162,14 @@ type Relay struct {
 	wake    chan struct{}
 	running atomic.Bool
 
+	more  chan struct{} // a loop's batch came back full: one more may join
+	nudge chan struct{} // a wake-up was set aside for the active loops
+
 	mu          sync.Mutex
 	unavailable bool // the broker or the database failed the last batch
+	active      int  // claim loops between a wake-up and going idle again
+	waiting     int  // active loops waiting (BatchDelay, RecheckDelay) to claim again
+	dirty       bool // a wake-up was set aside for the active loops
 }
 
 // NewRelay checks cfg, applies the defaults and returns a relay. Errors
@@ -181,6 +207,12 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
 	}
+	if cfg.BatchDelay == 0 {
+		cfg.BatchDelay = DefaultBatchDelay
+	}
+	if cfg.RecheckDelay == 0 {
+		cfg.RecheckDelay = DefaultRecheckDelay
+	}
 	switch {
 	case cfg.BatchSize < 0 || cfg.BatchSize > MaxBatchSize:
 		return nil, fmt.Errorf("%w: BatchSize %d: want 1..%d", ErrInvalidConfig, cfg.BatchSize, MaxBatchSize)
@@ -203,7 +235,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Relay{cfg: cfg, log: log, wake: make(chan struct{}, 1)}, nil
+	return &Relay{cfg: cfg, log: log, wake: make(chan struct{}, 1),
+		more: make(chan struct{}, 1), nudge: make(chan struct{}, 1)}, nil
 }
 
 // Config returns the relay's configuration with the defaults applied.
@@ -222,6 +255,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("outbox: relay: Run called while already running")
 	}
 	defer r.running.Store(false)
+
+	r.mu.Lock()
+	r.active, r.waiting, r.dirty = 0, 0, false
+	r.mu.Unlock()
+	for _, ch := range []chan struct{}{r.more, r.nudge} {
+		select {
+		case <-ch:
+		default:
+		}
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -328,12 +371,47 @@ func closeConn(conn *pgx.Conn) {
 
 // claimLoop processes batches until ctx is done; it returns a non-nil
 // error only for a fatal condition (the broker was closed).
+//
+// A loop is idle (waiting for a wake-up) or active. Active, it claims again
+// at once after a full batch (and asks an idle loop to join in), BatchDelay
+// after a partial one, RecheckDelay after the first empty one, and goes
+// idle after the second empty claim in a row unless a wake-up was set
+// aside meanwhile (dirty). A wake-up (NOTIFY, poll) makes an idle loop
+// active unless an active loop is waiting to claim again: then it is
+// handed to that loop (dirty, and a recheck's wait is cut short), whose
+// claim starts after it. So every notification is followed by a claim
+// that starts after it, a new row waits for no batch in flight, and the
+// rows committed during a batch or a BatchDelay go out together. When a
+// loop's batch was not full and another loop is active, it goes idle,
+// leaving the rest to that one.
 func (r *Relay) claimLoop(ctx context.Context) error {
-	backoff := time.Duration(0)
-	for {
-		if ctx.Err() != nil {
-			return nil
+	var (
+		backoff   time.Duration
+		active    bool
+		rechecked bool // the last claim was the recheck after an empty one
+	)
+	defer func() {
+		if active {
+			r.mu.Lock()
+			r.active--
+			r.mu.Unlock()
 		}
+	}()
+	for {
+		if !active {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-r.more:
+				r.join(true)
+			case <-r.wake:
+				if !r.join(false) {
+					continue
+				}
+			}
+			active, rechecked = true, false
+		}
+		r.beforeClaim()
 		res := r.processBatch(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -356,18 +434,133 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			r.setAvailable(true, nil)
 		}
 		backoff = 0
-		if res.claimed == r.cfg.BatchSize {
+		switch {
+		case res.claimed == r.cfg.BatchSize:
 			// More rows are probably waiting: let another loop join in and
 			// go on at once.
-			r.signal()
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.wake:
+			r.askForHelp()
+			rechecked = false
+		case r.leaveIfOthersActive():
+			// Another active loop claims again later (dirty makes sure of
+			// it); one loop is enough for what is left.
+			active = false
+		case res.claimed > 0:
+			// Let the rows being committed now gather into the next batch.
+			rechecked = false
+			if r.cfg.BatchDelay > 0 && !r.wait(ctx, r.cfg.BatchDelay, false) {
+				return nil
+			}
+		case !rechecked && r.cfg.RecheckDelay > 0:
+			// A row whose Enqueue left the NOTIFY to another transaction
+			// (SetNotifyWindow) may commit just after this claim.
+			rechecked = true
+			if !r.wait(ctx, r.cfg.RecheckDelay, true) {
+				return nil
+			}
+		default:
+			if r.leave() {
+				active = false
+			}
 		}
 	}
+}
+
+// join makes an idle loop active. A loop woken by a notification or the
+// poll (help false) stays idle when an active loop is waiting to claim
+// again (its claim starts after the wake-up, so it sees the new rows): it
+// records the wake-up for it (dirty) and cuts short its wait for the
+// recheck. It reports whether the loop is now active.
+func (r *Relay) join(help bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !help && r.waiting > 0 {
+		r.dirty = true
+		select {
+		case r.nudge <- struct{}{}:
+		default:
+		}
+		return false
+	}
+	r.active++
+	return true
+}
+
+// leave makes the calling active loop idle and reports true, unless it is
+// the last active loop and a wake-up was set aside since the last claim
+// began: then it stays active, to claim once more, and reports false.
+func (r *Relay) leave() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active == 1 && r.dirty {
+		return false
+	}
+	r.active--
+	return true
+}
+
+// leaveIfOthersActive makes the calling active loop idle when another loop
+// is active, and sets dirty so that one of those claims once more after
+// this (it covers the rows the leaving loop would have claimed next). It
+// reports whether the caller left.
+func (r *Relay) leaveIfOthersActive() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active <= 1 {
+		return false
+	}
+	r.active--
+	r.dirty = true
+	return true
+}
+
+// beforeClaim clears the wake-ups set aside so far: the claim about to
+// start sees every row committed before them.
+func (r *Relay) beforeClaim() {
+	for _, ch := range []chan struct{}{r.wake, r.nudge} {
+		select {
+		case <-ch:
+		default:
+		}
+	}
+	r.mu.Lock()
+	r.dirty = false
+	r.mu.Unlock()
+}
+
+// askForHelp wakes an idle loop to claim alongside (after a full batch).
+func (r *Relay) askForHelp() {
+	select {
+	case r.more <- struct{}{}:
+	default:
+	}
+}
+
+// wait pauses an active loop for d before its next claim, counted in
+// waiting meanwhile; with wakeable, a wake-up ends the pause early. It
+// reports false when ctx is done.
+func (r *Relay) wait(ctx context.Context, d time.Duration, wakeable bool) bool {
+	r.mu.Lock()
+	r.waiting++
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.waiting--
+		r.mu.Unlock()
+	}()
+	var wake, nudge <-chan struct{}
+	if wakeable {
+		wake, nudge = r.wake, r.nudge
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-wake:
+	case <-nudge:
+	}
+	return true
 }
 
 // setAvailable logs a change of the broker's or database's availability,

@@ -107,7 +107,10 @@ RETURNING id`
 // ids (the broker.Message.ID the relay publishes them under, as decimal
 // strings) in the order of events. All events are inserted by one
 // statement, and the same transaction sends a NOTIFY on NotifyChannel that
-// wakes the relays when it commits. Every event is validated first; an
+// wakes the relays when it commits, unless another Enqueue of this process
+// on the same database did so less than the notify window ago
+// (SetNotifyWindow, default 2 ms; see the package documentation,
+// "Latency", for what a row without its own NOTIFY waits). Every event is validated first; an
 // invalid one fails the call with an error wrapping ErrInvalidEvent that
 // names it, and nothing is inserted. With no events it does nothing and
 // returns nil, nil. A database error is returned wrapped and leaves tx
@@ -142,20 +145,24 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(enqueueSQL, types, keys, bodies, headers)
-	batch.Queue("SELECT pg_notify($1, '')", NotifyChannel)
+	notify, forget := shouldNotify(tx)
+	if notify {
+		batch.Queue("SELECT pg_notify($1, '')", NotifyChannel)
+	}
 	br := tx.SendBatch(ctx, batch)
 	ids := make([]int64, 0, len(events))
 	rows, err := br.Query()
 	if err == nil {
 		ids, err = pgx.AppendRows(ids, rows, pgx.RowTo[int64])
 	}
-	if err == nil {
+	if err == nil && notify {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		forget()
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
 		}

@@ -24,7 +24,7 @@ const (
 	DefaultConcurrency       = 4
 	DefaultPollInterval      = 500 * time.Millisecond
 	DefaultBatchDelay        = time.Millisecond
-	DefaultRecheckDelay      = 2 * time.Millisecond // DefaultNotifyWindow
+	DefaultRecheckDelay      = DefaultNotifyWindow
 	DefaultPublishTimeout    = 30 * time.Second
 	DefaultRetryBackoff      = time.Second
 	DefaultMaxRetryBackoff   = 5 * time.Minute

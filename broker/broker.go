@@ -488,11 +488,13 @@ type Broker interface {
 	// knowing the queue's bindings or retry delays). For a queue this
 	// Broker did not declare, every DeadLetterQueue method first looks the
 	// queue and its DLQ up on the server, without creating anything
-	// (RabbitMQ: passive declarations of <queue> and <queue>.dlq; NATS: the
-	// queue's consumer on its exchange's stream and the DLQ stream), and
-	// returns an error wrapping ErrUnknownQueue, naming the queue and where
-	// it was looked for, when either is missing; Replay routes to the work
-	// queue found there. For a declared queue the declared names are used.
+	// (RabbitMQ: a passive declaration of <queue>.dlq, and of <queue>
+	// before a replay; NATS: the queue's consumer on its exchange's stream,
+	// and the DLQ stream), and returns an error wrapping ErrUnknownQueue,
+	// naming the queue and where it was looked for, when they are missing
+	// (an adapter may let List and Purge read a DLQ whose work queue is
+	// gone, never Replay); Replay routes to the work queue found there.
+	// For a declared queue the declared names are used.
 	// DLQ itself returns ErrUnknownQueue only for a name no Declare could
 	// accept (see Topology.Validate), and ErrClosed after Close.
 	DLQ(queue string) (DeadLetterQueue, error)

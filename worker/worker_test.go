@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -113,23 +112,37 @@ func TestRunTwiceAtOnce(t *testing.T) {
 	workertest.CreateSchema(t, pool)
 	b := newRabbitMQ(t)
 	topo := broker.Topology{Exchange: testenv.UniqueName("w-ex"), Queues: []broker.Queue{{Name: testenv.UniqueName("w-q"), Bindings: []string{"a.b"}}}}
+	handled := make(chan struct{}, 1)
 	w, err := worker.New(worker.Config{
 		Consumer: "c", Queue: topo.Queues[0].Name, Pool: pool, Broker: b, Topology: topo,
-		Handler: func(context.Context, pgx.Tx, *broker.Message) error { return nil },
+		Handler: func(context.Context, pgx.Tx, *broker.Message) error {
+			select {
+			case handled <- struct{}{}:
+			default:
+			}
+			return nil
+		},
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
+	// Wait until the first Run is surely running: it handled a message.
+	require.Eventually(t, func() bool {
+		return b.Publish(context.Background(), []*broker.Message{{ID: "1", Type: "a.b", Body: []byte("{}")}}) == nil
+	}, 10*time.Second, 50*time.Millisecond)
+	select {
+	case <-handled:
+	case err := <-done:
+		t.Fatalf("the first Run returned early: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first Run handled nothing")
+	}
 	cancelled, cancel2 := context.WithCancel(context.Background())
 	cancel2()
-	// With a cancelled ctx a second Run returns at once: nil when the
-	// first has not started yet, ErrAlreadyRunning once it has.
-	require.Eventually(t, func() bool {
-		return errors.Is(w.Run(cancelled), worker.ErrAlreadyRunning)
-	}, 10*time.Second, 10*time.Millisecond)
+	require.ErrorIs(t, w.Run(cancelled), worker.ErrAlreadyRunning, "a second Run while the first runs")
 	cancel()
 	require.NoError(t, <-done)
-	// A cancelled ctx: Run returns nil at once.
-	require.NoError(t, w.Run(ctx))
+	// After the first returned, a Run with a cancelled ctx returns nil at once.
+	require.NoError(t, w.Run(cancelled))
 }

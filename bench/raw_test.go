@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,16 +17,16 @@ import (
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
-// rawBatch is the baseline's batch: publish 100, then await their confirms.
-const rawBatch = 100
-
 // rawPublish publishes n messages of the benchmark's size to tp's exchange
 // with the broker's own client, no ferry code, and returns messages/s.
-func rawPublish(b *testing.B, kind string, tp broker.Topology, n int) float64 {
+// channels is the RabbitMQ baseline's parallelism (confirm channels
+// publishing at the same time) and batch the number of messages each
+// publishes before awaiting their confirms; the NATS baseline ignores both.
+func rawPublish(b *testing.B, kind string, tp broker.Topology, n, channels, batch int) float64 {
 	b.Helper()
 	switch kind {
 	case "rabbitmq":
-		return rawRabbitMQ(b, tp.Exchange, n)
+		return rawRabbitMQ(b, tp.Exchange, n, channels, batch)
 	case "nats":
 		return rawNATS(b, tp.Exchange, n)
 	}
@@ -33,49 +34,87 @@ func rawPublish(b *testing.B, kind string, tp broker.Topology, n int) float64 {
 	return 0
 }
 
-// rawRabbitMQ is the RabbitMQ baseline: amqp091-go on one confirm-mode
-// channel, persistent and mandatory, batches of 100 pipelined (all
-// published, then all confirms awaited), the same headers as the adapter
-// sends for an outbox row.
-func rawRabbitMQ(b *testing.B, exchange string, n int) float64 {
+// rawRabbitMQ is the RabbitMQ baseline: amqp091-go on one connection with
+// the given number of confirm-mode channels publishing at the same time
+// (each from its own goroutine, as the relay's claim loops publish
+// concurrently through the adapter's channel pool), persistent and
+// mandatory, batches pipelined per channel (all published, then all
+// confirms awaited), the same headers as the adapter sends for an outbox
+// row.
+func rawRabbitMQ(b *testing.B, exchange string, n, channels, batch int) float64 {
 	ctx := benchCtx(b)
 	conn, err := amqp.Dial(testenv.RabbitMQURL())
 	must(b, err)
 	defer conn.Close()
-	ch, err := conn.Channel()
-	must(b, err)
-	must(b, ch.Confirm(false))
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
-	body := eventBody(1)
-	dcs := make([]*amqp.DeferredConfirmation, 0, rawBatch)
-	start := time.Now()
-	for sent := 0; sent < n; {
-		dcs = dcs[:0]
-		for i := 0; i < rawBatch && sent < n; i++ {
-			sent++
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, eventType, true, false, amqp.Publishing{
-				DeliveryMode: amqp.Persistent, MessageId: strconv.Itoa(sent), Type: eventType, Body: body,
-				Headers: amqp.Table{
-					"x-ferry-key":            "user-" + strconv.Itoa(sent%100),
-					broker.HeaderTraceparent: traceparent,
-					broker.HeaderCreatedAt:   broker.FormatTime(time.Now()),
-				},
-			})
-			must(b, err)
-			dcs = append(dcs, dc)
-		}
-		for _, dc := range dcs {
-			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-				b.Fatalf("bench: raw rabbitmq publish not confirmed: ack=%v err=%v", ok, err)
-			}
-		}
-		select {
-		case r := <-returns:
-			b.Fatalf("bench: raw rabbitmq publish returned: %s", r.ReplyText)
-		default:
-		}
+	type pub struct {
+		ch      *amqp.Channel
+		returns chan amqp.Return
 	}
-	return float64(n) / time.Since(start).Seconds()
+	pubs := make([]pub, channels)
+	for i := range pubs {
+		ch, err := conn.Channel()
+		must(b, err)
+		must(b, ch.Confirm(false))
+		pubs[i] = pub{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}
+	}
+	body := eventBody(1)
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		failed  atomic.Bool
+		failure string
+	)
+	fail := func(format string, args ...any) {
+		errOnce.Do(func() { failure = fmt.Sprintf(format, args...) })
+		failed.Store(true)
+	}
+	start := time.Now()
+	for _, p := range pubs {
+		wg.Go(func() {
+			dcs := make([]*amqp.DeferredConfirmation, 0, batch)
+			for {
+				first := int(next.Add(int64(batch))) - batch
+				if first >= n || failed.Load() {
+					return
+				}
+				dcs = dcs[:0]
+				for id := first + 1; id <= min(first+batch, n); id++ {
+					dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, eventType, true, false, amqp.Publishing{
+						DeliveryMode: amqp.Persistent, MessageId: strconv.Itoa(id), Type: eventType, Body: body,
+						Headers: amqp.Table{
+							"x-ferry-key":            "user-" + strconv.Itoa(id%100),
+							broker.HeaderTraceparent: traceparent,
+							broker.HeaderCreatedAt:   broker.FormatTime(time.Now()),
+						},
+					})
+					if err != nil {
+						fail("bench: raw rabbitmq publish: %v", err)
+						return
+					}
+					dcs = append(dcs, dc)
+				}
+				for _, dc := range dcs {
+					if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+						fail("bench: raw rabbitmq publish not confirmed: ack=%v err=%v", ok, err)
+						return
+					}
+				}
+				select {
+				case r := <-p.returns:
+					fail("bench: raw rabbitmq publish returned: %s", r.ReplyText)
+					return
+				default:
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if failed.Load() {
+		b.Fatal(failure)
+	}
+	return float64(n) / elapsed.Seconds()
 }
 
 // rawNATS is the NATS baseline: nats.go jetstream PublishMsgAsync of every

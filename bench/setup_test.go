@@ -57,6 +57,11 @@ type settings struct {
 	workerPrefetch  int // worker.Config.Prefetch
 	latencyEvents   int // events of the latency run
 	latencyRate     int // events/s of the latency run
+	// relayBatchDelay is outbox.RelayConfig.BatchDelay (0: the default).
+	relayBatchDelay time.Duration
+	// notifyWindow is outbox.SetNotifyWindow's window; negative leaves
+	// the package default.
+	notifyWindow time.Duration
 }
 
 func loadSettings(b *testing.B) settings {
@@ -71,7 +76,20 @@ func loadSettings(b *testing.B) settings {
 		}
 		return n
 	}
-	return settings{
+	envDur := func(name string, def time.Duration, negative bool) time.Duration {
+		v := os.Getenv(name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || (d < 0 && !negative) {
+			b.Fatalf("bench: %s=%q: want a duration such as 1ms", name, v)
+		}
+		return d
+	}
+	s := settings{
+		relayBatchDelay: envDur("FERRY_BENCH_RELAY_BATCH_DELAY", 0, true),
+		notifyWindow:    envDur("FERRY_BENCH_NOTIFY_WINDOW", -1, false),
 		events:          envInt("FERRY_BENCH_EVENTS", 20000),
 		producers:       envInt("FERRY_BENCH_PRODUCERS", 4),
 		relayBatch:      envInt("FERRY_BENCH_RELAY_BATCH", 500),
@@ -82,6 +100,12 @@ func loadSettings(b *testing.B) settings {
 		latencyEvents:   envInt("FERRY_BENCH_LATENCY_EVENTS", 2000),
 		latencyRate:     envInt("FERRY_BENCH_LATENCY_RATE", 200),
 	}
+	if s.notifyWindow >= 0 {
+		prev, err := outbox.SetNotifyWindow(s.notifyWindow)
+		must(b, err)
+		b.Cleanup(func() { _, _ = outbox.SetNotifyWindow(prev) })
+	}
+	return s
 }
 
 func (s settings) String() string {
@@ -89,8 +113,12 @@ func (s settings) String() string {
 	if s.workerPrefetch > 0 {
 		prefetch = strconv.Itoa(s.workerPrefetch)
 	}
-	return fmt.Sprintf("relay BatchSize=%d Concurrency=%d (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
-		s.relayBatch, s.relayConc, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
+	batchDelay := "default " + outbox.DefaultBatchDelay.String()
+	if s.relayBatchDelay != 0 {
+		batchDelay = s.relayBatchDelay.String()
+	}
+	return fmt.Sprintf("notify window %v; relay BatchSize=%d Concurrency=%d BatchDelay=%s (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
+		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
 }
 
 // machineLoad returns the 1-minute load average, to judge how far the
@@ -431,7 +459,7 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 	if pt.relay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			Pool: db.newPool(b, s.relayConc+2), Broker: newBroker(b, kind, tp, s),
-			BatchSize: s.relayBatch, Concurrency: s.relayConc, Retention: -1, Logger: quietLogger,
+			BatchSize: s.relayBatch, Concurrency: s.relayConc, BatchDelay: s.relayBatchDelay, Retention: -1, Logger: quietLogger,
 			AfterPublish: pt.afterPublish,
 			OnBatch: func(st outbox.BatchStats) {
 				if st.Published > 0 {

@@ -380,8 +380,9 @@ func closeConn(conn *pgx.Conn) {
 // active unless an active loop is waiting to claim again: then it is
 // handed to that loop (dirty, and a recheck's wait is cut short), whose
 // claim starts after it. So every notification is followed by a claim
-// that starts after it, a new row waits for no batch in flight, and the
-// rows committed during a batch or a BatchDelay go out together. When a
+// that starts after it, a new row waits for no batch in flight (only
+// BatchDelay when one is: a loop joining a busy one lingers first), and
+// the rows committed during a batch or a BatchDelay go out together. When a
 // loop's batch was not full and another loop is active, it goes idle,
 // leaving the rest to that one.
 func (r *Relay) claimLoop(ctx context.Context) error {
@@ -405,8 +406,16 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			case <-r.more:
 				r.join(true)
 			case <-r.wake:
-				if !r.join(false) {
+				joined, busy := r.join(false)
+				if !joined {
 					continue
+				}
+				active, rechecked = true, false
+				// Another loop's batch is in flight: a load is on, so
+				// let the rows gather for BatchDelay (an idle relay
+				// claims at once).
+				if busy && r.cfg.BatchDelay > 0 && !r.wait(ctx, r.cfg.BatchDelay, false) {
+					return nil
 				}
 			}
 			active, rechecked = true, false
@@ -469,8 +478,9 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 // poll (help false) stays idle when an active loop is waiting to claim
 // again (its claim starts after the wake-up, so it sees the new rows): it
 // records the wake-up for it (dirty) and cuts short its wait for the
-// recheck. It reports whether the loop is now active.
-func (r *Relay) join(help bool) bool {
+// recheck. It reports whether the loop is now active, and whether other
+// loops were active (busy with a batch) when it joined.
+func (r *Relay) join(help bool) (joined, busy bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !help && r.waiting > 0 {
@@ -479,10 +489,11 @@ func (r *Relay) join(help bool) bool {
 		case r.nudge <- struct{}{}:
 		default:
 		}
-		return false
+		return false, false
 	}
+	busy = r.active > 0
 	r.active++
-	return true
+	return true, busy
 }
 
 // leave makes the calling active loop idle and reports true, unless it is

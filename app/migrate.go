@@ -2,17 +2,14 @@ package app
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
+	"github.com/ferrymq/ferry/internal/pgmigrate"
 	"github.com/ferrymq/ferry/outbox"
 )
 
@@ -34,12 +31,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return fmt.Errorf("%w: Migrate: pool is nil", ErrConfig)
 	}
-	p, db, err := newProvider(pool)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := p.Up(ctx); err != nil {
+	if err := migrations().Up(ctx, pool); err != nil {
 		return fmt.Errorf("app: migrate: %w", err)
 	}
 	return nil
@@ -54,38 +46,16 @@ func MigrationVersion(ctx context.Context, pool *pgxpool.Pool) (current, latest 
 	if pool == nil {
 		return 0, 0, fmt.Errorf("%w: MigrationVersion: pool is nil", ErrConfig)
 	}
-	p, db, err := newProvider(pool)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer db.Close()
-	current, latest, err = p.GetVersions(ctx)
+	current, latest, err = migrations().Versions(ctx, pool)
 	if err != nil {
 		return 0, 0, fmt.Errorf("app: migration version: %w", err)
 	}
 	return current, latest, nil
 }
 
-func newProvider(pool *pgxpool.Pool) (*goose.Provider, *sql.DB, error) {
-	sub, err := fs.Sub(migrationFS, "migrations")
-	if err != nil {
-		return nil, nil, fmt.Errorf("app: migrate: %w", err)
-	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 300))
-	if err != nil {
-		return nil, nil, fmt.Errorf("app: migrate: %w", err)
-	}
-	db := stdlib.OpenDBFromPool(pool) // closing db leaves pool open
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithTableName(MigrationsTable),
-		goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-	)
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("app: migrate: %w", err)
-	}
-	return p, db, nil
+func migrations() pgmigrate.Set {
+	sub, _ := fs.Sub(migrationFS, "migrations") // a constant, valid path
+	return pgmigrate.Set{FS: sub, Table: MigrationsTable, LockID: migrationLockID, LockTimeout: 300}
 }
 
 // ErrNoSchema is matched (errors.Is) by the *SchemaError that CheckSchema

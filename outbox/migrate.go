@@ -8,9 +8,8 @@ import (
 	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+
+	"github.com/ferrymq/ferry/internal/pgmigrate"
 )
 
 // MigrationsTable is the goose version table of package outbox's migrations.
@@ -36,12 +35,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return fmt.Errorf("%w: pool is nil", ErrMigrate)
 	}
-	p, db, err := newProvider(pool)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := p.Up(ctx); err != nil {
+	if err := migrations().Up(ctx, pool); err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 			return ctxErr
 		}
@@ -56,38 +50,14 @@ func MigrationVersion(ctx context.Context, pool *pgxpool.Pool) (current, latest 
 	if pool == nil {
 		return 0, 0, fmt.Errorf("%w: pool is nil", ErrMigrate)
 	}
-	p, db, err := newProvider(pool)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer db.Close()
-	current, latest, err = p.GetVersions(ctx)
+	current, latest, err = migrations().Versions(ctx, pool)
 	if err != nil {
 		return 0, 0, fmt.Errorf("%w: %w", ErrMigrate, err)
 	}
 	return current, latest, nil
 }
 
-type closer interface{ Close() error }
-
-func newProvider(pool *pgxpool.Pool) (*goose.Provider, closer, error) {
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
-	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 600))
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
-		goose.WithTableName(MigrationsTable),
-		goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-	)
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
-	}
-	return p, db, nil
+func migrations() pgmigrate.Set {
+	fsys, _ := fs.Sub(migrationFiles, "migrations") // a constant, valid path
+	return pgmigrate.Set{FS: fsys, Table: MigrationsTable, LockID: migrationLockID, LockTimeout: 600}
 }

@@ -220,3 +220,64 @@ func requireRabbitDLQ(t *testing.T, dlq, id, smtpAddr string) {
 	lastErr, _ := msgs[0].Properties.Headers[broker.HeaderLastError].(string)
 	require.Contains(t, lastErr, smtpAddr, "x-last-error: %s", body)
 }
+
+// TestDLQListReplayPurge is issue 4's DLQ round on every broker: three
+// messages dead-lettered, listed, one replayed (then delivered), and the
+// other two purged with --all.
+func TestDLQListReplayPurge(t *testing.T) {
+	forEachBroker(t, func(t *testing.T, b string) {
+		const delay = 200 * time.Millisecond
+		s := newStack(t, b)
+		p, base := s.run(delay.String(), "--smtp-addr", freeAddr(t), "--max-attempts", "2")
+		ids := s.post(base, 3)
+		for _, id := range ids {
+			waitFor(t, time.Minute, "notification "+id+" to be dead", func() (bool, string) {
+				n := notification(t, base, id)
+				return n["status"] == "dead", fmt.Sprint(n)
+			})
+		}
+		list := append([]string{"dlq", "list", "--format", "json"}, s.brokerArgs(delay.String())...)
+		var dead []struct {
+			ID       string `json:"id"`
+			Attempts int    `json:"attempts"`
+		}
+		waitFor(t, 30*time.Second, "three messages in `ferry dlq list`", func() (bool, string) {
+			code, out, errOut := ferry(t, list...)
+			if code != 0 {
+				return false, errOut
+			}
+			dead = nil
+			require.NoError(t, json.Unmarshal([]byte(out), &dead), out)
+			return len(dead) == 3, out
+		})
+		for _, d := range dead {
+			require.Equal(t, 2, d.Attempts, "each was tried --max-attempts times")
+		}
+
+		// Mail works again; replay one.
+		require.Equal(t, 0, p.stop(t))
+		_, base = s.run(delay.String(), "--smtp-addr", testenv.SMTPAddr(), "--max-attempts", "2")
+		code, out, errOut := ferry(t, append([]string{"dlq", "replay", "--id", dead[0].ID}, s.brokerArgs(delay.String())...)...)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "replayed 1 message(s)")
+		waitFor(t, 30*time.Second, "the replayed message's mail in Mailpit", func() (bool, string) {
+			distinct, total := mailpitMessageIDs(t, s.tag)
+			return len(distinct) == 1, fmt.Sprintf("%d distinct of %d", len(distinct), total)
+		})
+		sent := 0
+		for _, id := range ids {
+			if notification(t, base, id)["status"] == "sent" {
+				sent++
+			}
+		}
+		require.Equal(t, 1, sent, "exactly the replayed notification is sent")
+
+		// Purge the other two.
+		code, out, errOut = ferry(t, append([]string{"dlq", "purge", "--all", "--yes"}, s.brokerArgs(delay.String())...)...)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "purged 2 message(s)")
+		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.brokerArgs(delay.String())...)...)
+		require.Equal(t, 0, code)
+		require.Contains(t, out, "0 dead message(s)")
+	})
+}

@@ -17,18 +17,41 @@ import (
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
-// rawPublish publishes n messages of the benchmark's size to tp's exchange
-// with the broker's own client, no ferry code, and returns messages/s.
-// channels is the RabbitMQ baseline's parallelism (confirm channels
-// publishing at the same time) and batch the number of messages each
-// publishes before awaiting their confirms; the NATS baseline ignores both.
-func rawPublish(b *testing.B, kind string, tp broker.Topology, n, channels, batch int) float64 {
+// The raw baselines publish n messages of the benchmark's size to tp's
+// exchange with the broker's own client, no ferry code, and return
+// messages/s. Each broker has two: a single publisher (RabbitMQ: one
+// confirm channel pipelining batches of the relay's BatchSize; NATS: one
+// stream of every message published asynchronously, every PubAck awaited at
+// the end) and the relay's shape (as many publishers at once as the relay
+// publishes with, each publishing a batch of BatchSize and awaiting all its
+// confirms before the next batch).
+
+// rawSingle is the single-publisher baseline of kind; batch is the
+// RabbitMQ channel's batch (the NATS stream has none).
+func rawSingle(b *testing.B, kind string, tp broker.Topology, n, batch int) float64 {
 	b.Helper()
 	switch kind {
 	case "rabbitmq":
-		return rawRabbitMQ(b, tp.Exchange, n, channels, batch)
+		return rawRabbitMQ(b, tp.Exchange, n, 1, batch)
 	case "nats":
-		return rawNATS(b, tp.Exchange, n)
+		return rawNATSStream(b, tp.Exchange, n)
+	}
+	b.Fatalf("bench: unknown broker %q", kind)
+	return 0
+}
+
+// rawParallel is the baseline in the relay's shape: publishers publishing
+// at the same time (RabbitMQ: confirm channels of one connection; NATS:
+// goroutines on one connection and JetStream context, as the relay's claim
+// loops share the adapter's), each batches of batch messages with all
+// their confirms awaited before the next.
+func rawParallel(b *testing.B, kind string, tp broker.Topology, n, publishers, batch int) float64 {
+	b.Helper()
+	switch kind {
+	case "rabbitmq":
+		return rawRabbitMQ(b, tp.Exchange, n, publishers, batch)
+	case "nats":
+		return rawNATSBatches(b, tp.Exchange, n, publishers, batch)
 	}
 	b.Fatalf("bench: unknown broker %q", kind)
 	return 0
@@ -117,43 +140,129 @@ func rawRabbitMQ(b *testing.B, exchange string, n, channels, batch int) float64 
 	return float64(n) / elapsed.Seconds()
 }
 
-// rawNATS is the NATS baseline: nats.go jetstream PublishMsgAsync of every
-// message to the exchange's stream (same subject, same headers with a
-// Nats-Msg-Id, the same async pending limit as the adapter), then every
-// PubAck awaited.
-func rawNATS(b *testing.B, exchange string, n int) float64 {
+// natsRaw is a raw NATS publisher: nats.go jetstream on its own
+// connection with the adapter's async pending limit, messages with the
+// adapter's subject and headers (Nats-Msg-Id included).
+type natsRaw struct {
+	nc      *natsgo.Conn
+	js      jetstream.JetStream
+	failed  atomic.Int64 // publishes the error handler reported
+	subject string
+	body    []byte
+	created string
+}
+
+func newNATSRaw(b *testing.B, exchange string) *natsRaw {
+	b.Helper()
+	r := &natsRaw{subject: nats.StreamName(exchange) + "." + eventType, body: eventBody(1)}
 	nc, err := natsgo.Connect(testenv.NATSURL())
 	must(b, err)
-	defer nc.Close()
-	var failed atomic.Int64
+	b.Cleanup(nc.Close)
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192),
-		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *natsgo.Msg, error) { failed.Add(1) }))
+		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *natsgo.Msg, error) { r.failed.Add(1) }))
 	must(b, err)
-	subject := nats.StreamName(exchange) + "." + eventType
-	body := eventBody(1)
-	created := broker.FormatTime(time.Now())
+	r.nc, r.js = nc, js
+	// Message IDs are unique per run: the stream's duplicate window must
+	// not drop a later run's messages.
+	r.created = broker.FormatTime(time.Now())
+	return r
+}
+
+// publish starts the asynchronous publish of message i.
+func (r *natsRaw) publish(i int) (jetstream.PubAckFuture, error) {
+	id := "raw-" + strconv.Itoa(i)
+	m := &natsgo.Msg{Subject: r.subject, Data: r.body, Header: natsgo.Header{
+		jetstream.MsgIDHeader:    []string{id + "@" + r.created},
+		"Ferry-Id":               []string{id},
+		"Ferry-Type":             []string{eventType},
+		"Ferry-Key":              []string{"user-" + strconv.Itoa(i%100)},
+		broker.HeaderTraceparent: []string{traceparent},
+		broker.HeaderCreatedAt:   []string{r.created},
+	}}
+	return r.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second))
+}
+
+// rawNATSStream is the NATS single-publisher baseline: PublishMsgAsync of
+// all n messages, then every PubAck awaited (PublishAsyncComplete).
+func rawNATSStream(b *testing.B, exchange string, n int) float64 {
+	r := newNATSRaw(b, exchange)
+	defer r.nc.Close()
 	start := time.Now()
 	for i := 1; i <= n; i++ {
-		id := "raw-" + strconv.Itoa(i)
-		m := &natsgo.Msg{Subject: subject, Data: body, Header: natsgo.Header{
-			jetstream.MsgIDHeader:    []string{id + "@" + created},
-			"Ferry-Id":               []string{id},
-			"Ferry-Type":             []string{eventType},
-			"Ferry-Key":              []string{"user-" + strconv.Itoa(i%100)},
-			broker.HeaderTraceparent: []string{traceparent},
-			broker.HeaderCreatedAt:   []string{created},
-		}}
-		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+		if _, err := r.publish(i); err != nil {
 			b.Fatalf("bench: raw nats publish: %v", err)
 		}
 	}
 	select {
-	case <-js.PublishAsyncComplete():
+	case <-r.js.PublishAsyncComplete():
 	case <-time.After(2 * time.Minute):
-		b.Fatalf("bench: raw nats: %d PubAcks still pending after 2 min", js.PublishAsyncPending())
+		b.Fatalf("bench: raw nats: %d PubAcks still pending after 2 min", r.js.PublishAsyncPending())
 	}
 	elapsed := time.Since(start)
-	if f := failed.Load(); f > 0 {
+	if f := r.failed.Load(); f > 0 {
+		b.Fatalf("bench: raw nats: %d publishes failed", f)
+	}
+	return float64(n) / elapsed.Seconds()
+}
+
+// rawNATSBatches is the NATS baseline in the relay's shape: publishers
+// goroutines sharing one connection and JetStream context (as the relay's
+// claim loops share the adapter's), each taking the next batch of batch
+// messages, publishing them all with PublishMsgAsync and then awaiting
+// every one's PubAck (its PubAckFuture) before taking the next batch.
+func rawNATSBatches(b *testing.B, exchange string, n, publishers, batch int) float64 {
+	ctx := benchCtx(b)
+	r := newNATSRaw(b, exchange)
+	defer r.nc.Close()
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		failed  atomic.Bool
+		failure string
+	)
+	fail := func(format string, args ...any) {
+		errOnce.Do(func() { failure = fmt.Sprintf(format, args...) })
+		failed.Store(true)
+	}
+	start := time.Now()
+	for range publishers {
+		wg.Go(func() {
+			futures := make([]jetstream.PubAckFuture, 0, batch)
+			for {
+				first := int(next.Add(int64(batch))) - batch
+				if first >= n || failed.Load() {
+					return
+				}
+				futures = futures[:0]
+				for id := first + 1; id <= min(first+batch, n); id++ {
+					f, err := r.publish(id)
+					if err != nil {
+						fail("bench: raw nats publish: %v", err)
+						return
+					}
+					futures = append(futures, f)
+				}
+				for _, f := range futures {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						fail("bench: raw nats publish not acknowledged: %v", err)
+						return
+					case <-ctx.Done():
+						fail("bench: raw nats: PubAck not received: %v", ctx.Err())
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if failed.Load() {
+		b.Fatal(failure)
+	}
+	if f := r.failed.Load(); f > 0 {
 		b.Fatalf("bench: raw nats: %d publishes failed", f)
 	}
 	return float64(n) / elapsed.Seconds()

@@ -55,6 +55,7 @@ type settings struct {
 	publishChannels int // rabbitmq.Config.PublishChannels
 	workerConc      int // worker.Config.Concurrency
 	workerPrefetch  int // worker.Config.Prefetch
+	workerBatch     int // worker.Config.BatchSize (the handler's effects are all in its transaction)
 	latencyEvents   int // events of the latency run
 	latencyRate     int // events/s of the latency run
 	// relayBatchDelay is outbox.RelayConfig.BatchDelay (0: the default).
@@ -97,6 +98,7 @@ func loadSettings(b *testing.B) settings {
 		publishChannels: envInt("FERRY_BENCH_PUBLISH_CHANNELS", 4),
 		workerConc:      envInt("FERRY_BENCH_WORKER_CONCURRENCY", 20),
 		workerPrefetch:  envInt("FERRY_BENCH_WORKER_PREFETCH", 0),
+		workerBatch:     envInt("FERRY_BENCH_WORKER_BATCH", 1),
 		latencyEvents:   envInt("FERRY_BENCH_LATENCY_EVENTS", 2000),
 		latencyRate:     envInt("FERRY_BENCH_LATENCY_RATE", 200),
 	}
@@ -117,8 +119,8 @@ func (s settings) String() string {
 	if s.relayBatchDelay != 0 {
 		batchDelay = s.relayBatchDelay.String()
 	}
-	return fmt.Sprintf("notify window %v; relay BatchSize=%d Concurrency=%d BatchDelay=%s (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
-		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
+	return fmt.Sprintf("notify window %v; relay BatchSize=%d Concurrency=%d BatchDelay=%s (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s BatchSize=%d (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
+		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerBatch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
 }
 
 // machineLoad returns the 1-minute load average, to judge how far the
@@ -480,7 +482,7 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 		w, err := worker.New(worker.Config{
 			Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp,
 			Pool: db.newPool(b, s.workerConc+2), Broker: newBroker(b, kind, tp, s), Handler: handler(pt.onHandled),
-			Concurrency: s.workerConc, Prefetch: s.workerPrefetch, Logger: quietLogger,
+			Concurrency: s.workerConc, Prefetch: s.workerPrefetch, BatchSize: s.workerBatch, Logger: quietLogger,
 			OnOutcome: func(_ *broker.Message, o worker.Outcome, d time.Duration) {
 				p.handlerNanos.Add(int64(d))
 				switch o {

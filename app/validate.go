@@ -95,6 +95,13 @@ const (
 	MaxSubjectBytes = 998
 	// MaxIdempotencyKeyBytes bounds the Idempotency-Key header.
 	MaxIdempotencyKeyBytes = 255
+	// MaxEventBytes bounds the size (broker.Message.Size) of the
+	// notification.requested event the service enqueues: the ids and the
+	// channel in JSON (at most 6 bytes per byte of user_id when escaped)
+	// plus the traceparent and ferry's headers. The mail itself stays in
+	// the notifications row. The CLI checks it against the broker's
+	// Capabilities.MaxMessageBytes at start.
+	MaxEventBytes = 4096
 )
 
 // ChannelEmail is the only channel built so far.

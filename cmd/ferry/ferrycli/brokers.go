@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
@@ -98,6 +99,16 @@ func OpenBroker(ctx context.Context, name string, o BrokerOptions) (broker.Broke
 // different from what it already holds (broker.ErrTopologyMismatch, e.g.
 // another --retry-delay than the queue was declared with: permanent, so
 // not retried), or ctx's error.
+// requirements is what the notification service asks of a broker with
+// topology t: its largest event and every queue's retry delays.
+func requirements(t broker.Topology) broker.Requirements {
+	r := broker.Requirements{MaxMessageBytes: app.MaxEventBytes, Topology: t}
+	for _, q := range t.Queues {
+		r.RetryDelays = append(r.RetryDelays, q.Delays()...)
+	}
+	return r
+}
+
 func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, log *slog.Logger) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {
@@ -107,6 +118,13 @@ func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.T
 	for attempt := 1; ; attempt++ {
 		b, err := f(ctx, o)
 		if err == nil {
+			// Refuse at start what the broker cannot honour (message
+			// size, retry delays, wildcard bindings), instead of failing
+			// on the first message.
+			if cerr := b.Capabilities().Check(requirements(t)); cerr != nil {
+				_ = b.Close()
+				return nil, fmt.Errorf("ferry: %s: %w", name, cerr)
+			}
 			err = b.Declare(ctx, t)
 			if err == nil {
 				if attempt > 1 {

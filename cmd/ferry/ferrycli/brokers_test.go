@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/internal/testenv"
 )
@@ -59,4 +60,19 @@ func TestConnectBrokerTopologyMismatch(t *testing.T) {
 	require.Contains(t, msg, tp.Queues[0].Name+".retry.0")
 	require.Contains(t, msg, "x-message-ttl")
 	require.Contains(t, msg, "--retry-delay")
+}
+
+// TestRequirementsRefuseSmallBroker: the start-up capability check asks
+// for the service's largest event and every retry delay, so a broker that
+// holds less is refused before any message is lost to it.
+func TestRequirementsRefuseSmallBroker(t *testing.T) {
+	tp := broker.Topology{Exchange: "x", Queues: []broker.Queue{{Name: "q", Bindings: []string{"a.b"}, RetryDelays: []time.Duration{time.Second, time.Hour}}}}
+	r := requirements(tp)
+	require.Equal(t, app.MaxEventBytes, r.MaxMessageBytes)
+	require.Equal(t, []time.Duration{time.Second, time.Hour}, r.RetryDelays)
+	small := broker.Capabilities{Name: "tiny", MaxMessageBytes: app.MaxEventBytes - 1, Wildcards: true}
+	require.ErrorIs(t, small.Check(r), broker.ErrUnsupported)
+	short := broker.Capabilities{Name: "short", MaxDelay: time.Minute, Wildcards: true}
+	require.ErrorIs(t, short.Check(r), broker.ErrUnsupported)
+	require.NoError(t, broker.Capabilities{Name: "big", Wildcards: true}.Check(r))
 }

@@ -92,6 +92,25 @@ saved_port() { cat "$STATE/ports/$1" 2>/dev/null || true; }
 
 # choose_port KEY DEFAULT: the saved port of KEY if free, else DEFAULT if
 # free, else the next free one; saved under $STATE/ports/KEY.
+# wait_ready NAME WHAT: wait until NAME_ready succeeds, failing with NAME's
+# log if its process (WHAT) exits or START_TIMEOUT passes.
+wait_ready() {
+	local name=$1 what=$2 i
+	for i in $(seq $((START_TIMEOUT * 4))); do
+		"${name}_ready" && { say "$name: ready"; return 0; }
+		[ -n "$("${name}_pid")" ] || fail_start "$name" "$STATE/$name.log" "$what exited during start"
+		sleep 0.25
+	done
+	fail_start "$name" "$STATE/$name.log" "not ready after ${START_TIMEOUT}s"
+}
+
+# stop_if_running NAME PID: stop NAME's process PID, if there is one.
+stop_if_running() {
+	[ -n "$2" ] || return 0
+	say "$1: stopping"
+	stop_pid "$1" "$2"
+}
+
 service_of_key() { case $1 in rabbitmq*) echo rabbitmq ;; smtp*) echo smtp ;; nats*) echo nats ;; *) echo "$1" ;; esac; }
 
 choose_port() {
@@ -524,22 +543,10 @@ start_smtp() {
 			--smtp-auth-accept-any --smtp-auth-allow-insecure \
 			--smtp-disable-rdns --disable-version-check
 	fi
-	local i
-	for i in $(seq $((START_TIMEOUT * 4))); do
-		smtp_ready && { say "smtp: ready"; return 0; }
-		[ -n "$(smtp_pid)" ] || fail_start smtp "$STATE/smtp.log" "Mailpit exited during start"
-		sleep 0.25
-	done
-	fail_start smtp "$STATE/smtp.log" "not ready after ${START_TIMEOUT}s"
+	wait_ready smtp "Mailpit"
 }
 
-stop_smtp() {
-	local pid
-	pid=$(smtp_pid)
-	[ -n "$pid" ] || return 0
-	say "smtp: stopping"
-	stop_pid smtp "$pid"
-}
+stop_smtp() { stop_if_running smtp "$(smtp_pid)"; }
 
 status_smtp() {
 	local pid
@@ -586,22 +593,10 @@ start_nats() {
 		spawn nats "$NATS_PIDFILE" "$STATE/nats.log" "$bin" \
 			-n ferry -js -sd "$STATE/nats" -a 127.0.0.1 -p "$port" -m "$mon"
 	fi
-	local i
-	for i in $(seq $((START_TIMEOUT * 4))); do
-		nats_ready && { say "nats: ready"; return 0; }
-		[ -n "$(nats_pid)" ] || fail_start nats "$STATE/nats.log" "nats-server exited during start"
-		sleep 0.25
-	done
-	fail_start nats "$STATE/nats.log" "not ready after ${START_TIMEOUT}s"
+	wait_ready nats "nats-server"
 }
 
-stop_nats() {
-	local pid
-	pid=$(nats_pid)
-	[ -n "$pid" ] || return 0
-	say "nats: stopping"
-	stop_pid nats "$pid"
-}
+stop_nats() { stop_if_running nats "$(nats_pid)"; }
 
 status_nats() {
 	local pid

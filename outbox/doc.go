@@ -111,5 +111,10 @@
 //
 // The relay deletes, in small batches, outbox rows processed longer ago
 // than RelayConfig.Retention and processed_messages rows older than the
-// same age; Prune does one pass on demand.
+// same age; Prune does one pass on demand. The processed_messages rows are
+// the workers' deduplication: a message whose row was deleted runs its
+// handler again if a copy is delivered later, so NewRelay refuses a
+// positive Retention shorter than MinRetention or than
+// RelayConfig.RedeliveryWindow (see MinRetention for the redeliveries it
+// covers). Prune itself takes any age.
 package outbox

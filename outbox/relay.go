@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -33,6 +34,20 @@ const (
 	DefaultRetentionInterval = 5 * time.Minute
 	DefaultRetentionBatch    = 1000
 )
+
+// MinRetention is the shortest positive RelayConfig.Retention NewRelay
+// accepts. The relay deletes processed_messages, the workers'
+// deduplication rows, at the same age as the processed outbox rows, and a
+// message must find its dedup row for as long as a copy of it can still be
+// delivered: a broker redelivery after a worker crashed between its commit
+// and its ack, the relay publishing a row again after a crash between
+// publish and mark, a duplicate copy waiting in the retry levels
+// (broker.Queue.RetryDelays), a DLQ replay. A copy arriving after its row
+// was pruned runs the handler again, a silent break of idempotency. One
+// hour is above the default retry schedule (5 attempts of 30 s) and a
+// worker restart; a longer retry schedule needs a longer Retention, see
+// RelayConfig.RedeliveryWindow.
+const MinRetention = time.Hour
 
 // MaxBatchSize is the largest RelayConfig.BatchSize accepted.
 const MaxBatchSize = 10000
@@ -105,8 +120,17 @@ type RelayConfig struct {
 	MaxBackoff time.Duration
 	// Retention is how long processed outbox rows and processed_messages
 	// rows are kept before the relay deletes them. Negative disables the
-	// deletion. Defaults to DefaultRetention (7 days).
+	// deletion. Defaults to DefaultRetention (7 days). A positive value
+	// must be at least MinRetention and at least RedeliveryWindow
+	// (otherwise NewRelay returns ErrInvalidConfig): the dedup rows must
+	// outlive every redelivery of their message.
 	Retention time.Duration
+	// RedeliveryWindow is how long after a message was first handled a
+	// copy of it may still reach a worker through the retry levels: the
+	// workers' longest retry delay times their maximum attempts
+	// (RedeliveryWindowFor). Retention must not be shorter. Zero means
+	// only MinRetention applies; negative is an error.
+	RedeliveryWindow time.Duration
 	// RetentionInterval is the pause between two retention passes; the
 	// first runs when Run starts. Defaults to DefaultRetentionInterval
 	// (5 min).
@@ -129,6 +153,26 @@ type RelayConfig struct {
 	// back, as if the relay had crashed at that point: the rows stay
 	// unprocessed and are published again later. A test hook.
 	AfterPublish func(ctx context.Context, ids []int64) error
+}
+
+// RedeliveryWindowFor returns the RelayConfig.RedeliveryWindow of workers
+// that retry a message at most maxAttempts times in all (the first
+// included) with the retry delays delays (a backoff list, the last one
+// repeating): the longest delay times maxAttempts, an upper bound of the
+// time a copy can spend in the retry levels. It returns 0 for no delays or
+// maxAttempts < 1, and saturates instead of overflowing.
+func RedeliveryWindowFor(delays []time.Duration, maxAttempts int) time.Duration {
+	var longest time.Duration
+	for _, d := range delays {
+		longest = max(longest, d)
+	}
+	if longest <= 0 || maxAttempts < 1 {
+		return 0
+	}
+	if longest > math.MaxInt64/time.Duration(maxAttempts) {
+		return math.MaxInt64
+	}
+	return longest * time.Duration(maxAttempts)
 }
 
 // BatchStats describes one batch of the relay, for RelayConfig.OnBatch.
@@ -204,8 +248,17 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
 		return nil, fmt.Errorf("%w: MaxRetryBackoff %v: must be at least RetryBackoff %v", ErrInvalidConfig, cfg.MaxRetryBackoff, cfg.RetryBackoff)
 	}
+	if cfg.RedeliveryWindow < 0 {
+		return nil, fmt.Errorf("%w: RedeliveryWindow %v: must not be negative", ErrInvalidConfig, cfg.RedeliveryWindow)
+	}
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
+	}
+	if cfg.Retention > 0 {
+		if minimum := max(MinRetention, cfg.RedeliveryWindow); cfg.Retention < minimum {
+			return nil, fmt.Errorf("%w: Retention %v: must be at least %v (MinRetention %v, RedeliveryWindow %v) so that the dedup rows outlive every redelivery, or negative to keep rows forever",
+				ErrInvalidConfig, cfg.Retention, minimum, MinRetention, cfg.RedeliveryWindow)
+		}
 	}
 	if cfg.BatchDelay == 0 {
 		cfg.BatchDelay = DefaultBatchDelay

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -450,6 +451,12 @@ func TestNewRelayValidation(t *testing.T) {
 		{outbox.RelayConfig{Pool: pool, Broker: b, PollInterval: -time.Second}, "PollInterval"},
 		{outbox.RelayConfig{Pool: pool, Broker: b, RetryBackoff: time.Hour}, "MaxRetryBackoff"},
 		{outbox.RelayConfig{Pool: pool, Broker: b, RetentionBatch: -1}, "RetentionBatch"},
+		// A retention shorter than a redelivery would prune the dedup rows
+		// a redelivered copy needs.
+		{outbox.RelayConfig{Pool: pool, Broker: b, Retention: time.Second}, "Retention 1s: must be at least 1h0m0s"},
+		{outbox.RelayConfig{Pool: pool, Broker: b, Retention: outbox.MinRetention - time.Nanosecond}, "Retention"},
+		{outbox.RelayConfig{Pool: pool, Broker: b, Retention: 2 * time.Hour, RedeliveryWindow: 3 * time.Hour}, "Retention 2h0m0s: must be at least 3h0m0s"},
+		{outbox.RelayConfig{Pool: pool, Broker: b, RedeliveryWindow: -time.Second}, "RedeliveryWindow"},
 	} {
 		_, err := outbox.NewRelay(tc.cfg)
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
@@ -462,6 +469,23 @@ func TestNewRelayValidation(t *testing.T) {
 	require.Equal(t, 500*time.Millisecond, cfg.PollInterval)
 	require.Equal(t, 7*24*time.Hour, cfg.Retention)
 	require.Equal(t, 1000, cfg.RetentionBatch)
+	for _, ok := range []outbox.RelayConfig{
+		{Pool: pool, Broker: b, Retention: outbox.MinRetention},
+		{Pool: pool, Broker: b, Retention: -1},
+		{Pool: pool, Broker: b, Retention: 3 * time.Hour, RedeliveryWindow: 3 * time.Hour},
+	} {
+		_, err := outbox.NewRelay(ok)
+		require.NoError(t, err, "Retention %v RedeliveryWindow %v", ok.Retention, ok.RedeliveryWindow)
+	}
+}
+
+func TestRedeliveryWindowFor(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 150*time.Second, outbox.RedeliveryWindowFor([]time.Duration{30 * time.Second}, 5))
+	require.Equal(t, 10*time.Hour, outbox.RedeliveryWindowFor([]time.Duration{time.Second, time.Hour, time.Minute}, 10))
+	require.Zero(t, outbox.RedeliveryWindowFor(nil, 5))
+	require.Zero(t, outbox.RedeliveryWindowFor([]time.Duration{time.Second}, 0))
+	require.Equal(t, time.Duration(math.MaxInt64), outbox.RedeliveryWindowFor([]time.Duration{1000 * time.Hour}, math.MaxInt32))
 }
 
 // The duplicate a crash between publish and mark produces is absorbed by an

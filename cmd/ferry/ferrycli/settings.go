@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
 
@@ -117,7 +118,7 @@ func relayFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Usage: "outbox rows published per relay transaction"},
 		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY"},
-		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever)"},
+		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever). At least 1h and at least the longest --retry-delay times --max-attempts (the relay alone: times 5), so that a redelivered message still finds its dedup row; 0 is an error"},
 	}
 }
 
@@ -167,20 +168,43 @@ func parseRetryDelays(s string) ([]time.Duration, error) {
 }
 
 // parseRetention parses --retention: a Go duration or a whole number of
-// days written Nd (7d).
+// days written Nd (7d). Zero is an error (it used to mean the default
+// silently); negative keeps the rows forever.
 func parseRetention(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err == nil {
-			return time.Duration(n) * 24 * time.Hour, nil
+	d, err := time.ParseDuration(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok && err != nil {
+		n, aerr := strconv.Atoi(days)
+		if aerr == nil {
+			d, err = time.Duration(n)*24*time.Hour, nil
 		}
 	}
-	d, err := time.ParseDuration(s)
 	if err != nil {
 		return 0, usagef("--%s %q: want a Go duration (72h) or days (7d)", flagRetention, s)
 	}
+	if d == 0 {
+		return 0, usagef("--%s %q: must not be 0: use a negative value to keep rows forever", flagRetention, s)
+	}
 	return d, nil
+}
+
+// checkRetention maps --retention to outbox.RelayConfig's rule (see
+// outbox.MinRetention): a positive retention must be at least
+// outbox.MinRetention and at least window, the redelivery window of the
+// retry schedule. It returns a usage error naming the flags.
+func checkRetention(retention, window time.Duration) error {
+	if retention < 0 {
+		return nil
+	}
+	if retention < outbox.MinRetention {
+		return usagef("--%s %v: must be at least %v (the dedup rows must outlive a redelivered message), or negative to keep rows forever",
+			flagRetention, retention, outbox.MinRetention)
+	}
+	if retention < window {
+		return usagef("--%s %v: must be at least %v, the longest --%s times --%s (a copy in the retry levels must still find its dedup row), or negative to keep rows forever",
+			flagRetention, retention, window, flagRetryDelay, flagMaxAttempts)
+	}
+	return nil
 }
 
 // settings are the parsed and checked flags of one command.
@@ -203,6 +227,7 @@ type settings struct {
 	batchSize       int
 	pollInterval    time.Duration
 	retention       time.Duration
+	retryWindow     time.Duration // outbox.RedeliveryWindowFor(retryDelays, max attempts; relay: worker.DefaultMaxAttempts)
 	shutdownTimeout time.Duration
 	debugFail       bool
 	dataDir         string
@@ -276,6 +301,16 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	}{{flagPollInterval, s.pollInterval}, {flagShutdownTimeout, s.shutdownTimeout}} {
 		if has(p.name) && p.v <= 0 {
 			return nil, usagef("--%s %v: must be positive", p.name, p.v)
+		}
+	}
+	if has(flagRetention) {
+		attempts := worker.DefaultMaxAttempts
+		if has(flagMaxAttempts) {
+			attempts = s.maxAttempts
+		}
+		s.retryWindow = outbox.RedeliveryWindowFor(s.retryDelays, attempts)
+		if err := checkRetention(s.retention, s.retryWindow); err != nil {
+			return nil, err
 		}
 	}
 	return s, nil

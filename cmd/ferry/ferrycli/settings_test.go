@@ -21,7 +21,7 @@ func TestParseRetryDelays(t *testing.T) {
 }
 
 func TestParseRetention(t *testing.T) {
-	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "72h": 72 * time.Hour, "-1s": -time.Second, "0d": 0} {
+	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "72h": 72 * time.Hour, "-1s": -time.Second, "1s": time.Second, "-1d": -24 * time.Hour} {
 		got, err := parseRetention(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
@@ -30,6 +30,24 @@ func TestParseRetention(t *testing.T) {
 		_, err := parseRetention(bad)
 		require.ErrorIs(t, err, ErrUsage, bad)
 	}
+	// 0 used to mean the default 7d silently.
+	for _, zero := range []string{"0", "0s", "0d"} {
+		_, err := parseRetention(zero)
+		require.ErrorIs(t, err, ErrUsage, zero)
+		require.ErrorContains(t, err, "use a negative value to keep rows forever", zero)
+	}
+}
+
+func TestCheckRetention(t *testing.T) {
+	require.NoError(t, checkRetention(-time.Second, 0))
+	require.NoError(t, checkRetention(time.Hour, 0))
+	require.NoError(t, checkRetention(10*time.Hour, 10*time.Hour))
+	err := checkRetention(time.Second, 0)
+	require.ErrorIs(t, err, ErrUsage)
+	require.ErrorContains(t, err, "--retention 1s: must be at least 1h0m0s")
+	err = checkRetention(2*time.Hour, 5*time.Hour)
+	require.ErrorIs(t, err, ErrUsage)
+	require.ErrorContains(t, err, "--retention 2h0m0s: must be at least 5h0m0s, the longest --retry-delay times --max-attempts")
 }
 
 func TestProgressLine(t *testing.T) {

@@ -57,6 +57,11 @@ func outboxStats(c *cli.Context) error {
 		return err
 	}
 	defer st.close()
+	// The same check as the relay's: on a database without the outbox
+	// table, "run ferry migrate first" rather than the raw SQLSTATE 42P01.
+	if err := st.checkSchema(c.Context, false); err != nil {
+		return err
+	}
 	stats, err := outbox.ReadStats(c.Context, st.pool)
 	if err != nil {
 		return fmt.Errorf("ferry: outbox stats: %w", err)

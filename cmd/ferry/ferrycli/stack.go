@@ -289,13 +289,14 @@ func (st *stack) runRelay(ctx context.Context) error {
 	}
 	defer b.Close()
 	r, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool:         st.pool,
-		Broker:       st.obs.relayBroker(b),
-		OnBatch:      st.obs.onBatch(),
-		BatchSize:    st.s.batchSize,
-		PollInterval: st.s.pollInterval,
-		Retention:    st.s.retention,
-		Logger:       st.log.With("component", "relay"),
+		Pool:             st.pool,
+		Broker:           st.obs.relayBroker(b),
+		OnBatch:          st.obs.onBatch(),
+		BatchSize:        st.s.batchSize,
+		PollInterval:     st.s.pollInterval,
+		Retention:        st.s.retention,
+		RedeliveryWindow: st.s.retryWindow,
+		Logger:           st.log.With("component", "relay"),
 	})
 	if err != nil {
 		return err

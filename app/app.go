@@ -38,6 +38,11 @@ const (
 	DefaultSMTPFrom = "ferry@localhost"
 	// DefaultSMTPTimeout is Config.SMTPTimeout's default.
 	DefaultSMTPTimeout = 10 * time.Second
+	// DefaultSMTPDataTimeout is Config.SMTPDataTimeout's default: the
+	// 10 minutes RFC 5321 section 4.5.3.2.6 ("DATA Termination: 10
+	// minutes") says a client should wait for the reply to the end of the
+	// mail data, since the server may process the mail before answering.
+	DefaultSMTPDataTimeout = 10 * time.Minute
 	// DefaultMaxBodyBytes is Config.MaxBodyBytes's default: 64 KiB.
 	DefaultMaxBodyBytes = 64 << 10
 )
@@ -59,6 +64,13 @@ var (
 	ErrNotFound = errors.New("app: notification not found")
 	// ErrConfig is wrapped by New's errors for an invalid Config.
 	ErrConfig = errors.New("app: invalid config")
+	// ErrDeliveryUnknown is wrapped by HandleNotification's error when the
+	// whole mail was sent but the SMTP server's reply to the end of the
+	// data did not arrive (Config.SMTPDataTimeout expired, or the
+	// connection was cut): the server may have accepted the mail. The
+	// error is retryable, so the mail may be sent again (same Message-ID);
+	// see "Delivery semantics" in the package doc.
+	ErrDeliveryUnknown = errors.New("app: the SMTP server may have accepted the mail; its reply to the end of the data did not arrive, so a retry may send a second copy (same Message-ID)")
 )
 
 // Config configures the notification service. The zero value of every
@@ -73,9 +85,17 @@ type Config struct {
 	// SMTPFrom is the envelope and header sender address. Defaults to
 	// ferry@localhost.
 	SMTPFrom string
-	// SMTPTimeout bounds connecting to the SMTP server and each SMTP
-	// command. Defaults to 10s.
+	// SMTPTimeout bounds connecting to the SMTP server and the SMTP
+	// dialogue up to the end of the mail data, and QUIT after the reply
+	// to it. Defaults to 10s.
 	SMTPTimeout time.Duration
+	// SMTPDataTimeout bounds the wait for the server's reply to the end
+	// of the mail data (the final "."), when the server has the whole
+	// mail and decides. Defaults to 10 minutes, as RFC 5321 section
+	// 4.5.3.2.6 recommends. When it expires the outcome is unknown and
+	// the error wraps ErrDeliveryUnknown. A worker shutting down also
+	// waits for this reply (bounded by the worker's ShutdownTimeout).
+	SMTPDataTimeout time.Duration
 	// DebugFailAfterOutbox makes POST /notifications fail with 500 right
 	// after the outbox INSERT, inside the transaction, so neither the
 	// notification nor the outbox row remains. For demonstrating the
@@ -105,6 +125,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SMTPTimeout == 0 {
 		c.SMTPTimeout = DefaultSMTPTimeout
+	}
+	if c.SMTPDataTimeout == 0 {
+		c.SMTPDataTimeout = DefaultSMTPDataTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -137,6 +160,9 @@ func (c Config) validate() error {
 	}
 	if c.SMTPTimeout < 0 {
 		return fmt.Errorf("%w: SMTPTimeout %v: must be positive", ErrConfig, c.SMTPTimeout)
+	}
+	if c.SMTPDataTimeout < 0 {
+		return fmt.Errorf("%w: SMTPDataTimeout %v: must be positive", ErrConfig, c.SMTPDataTimeout)
 	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes %d: must be positive", ErrConfig, c.MaxBodyBytes)

@@ -63,8 +63,14 @@
 // the worker's COMMIT remains. A worker shutting down cancels the
 // handler's ctx: the SMTP dialogue is cut at once, except while the
 // server is answering a mail it has received in full, where the handler
-// waits for the answer (bounded by Config.SMTPTimeout) and reports an
+// waits for the answer (bounded by Config.SMTPDataTimeout) and reports an
 // accepted mail as sent.
+//
+// Commands get Config.SMTPTimeout (10 s), but the reply to the end of the
+// data gets Config.SMTPDataTimeout (10 minutes, RFC 5321 section
+// 4.5.3.2.6): a server may scan the mail before it answers, and giving up
+// early is what turns one mail into several (the server accepted it, the
+// handler saw a timeout, each retry sent it again).
 //
 // That leaves one window that no framework can close without the mail
 // server's cooperation (SMTP has no two-phase commit): a crash (kill -9,
@@ -73,7 +79,18 @@
 // redelivers the event, and the mail is sent again. Every copy carries the
 // same Message-ID (MessageID) and an X-Ferry-Notification-Id header, so
 // receivers and ESPs that deduplicate on Message-ID show it once, and the
-// duplicate is detectable everywhere else. Mail is sent one SMTP
-// connection per notification, with no TLS and no authentication (a local
-// relay such as Mailpit).
+// duplicate is detectable everywhere else.
+//
+// The second such window is a reply to the end of the data that never
+// arrives (Config.SMTPDataTimeout expires or the connection is cut after
+// the whole mail was written). ferry cannot know whether the server took
+// the mail. The handler logs a WARN ("the SMTP server may have accepted
+// the mail; ...") and returns an error wrapping ErrDeliveryUnknown, which
+// the worker retries like any other: the trade-off is at-least-once (a
+// possible duplicate, same Message-ID) over at-most-once (a possibly lost
+// mail marked dead or sent without proof). An operator who prefers the
+// other side can watch for ErrDeliveryUnknown in last_error.
+//
+// Mail is sent one SMTP connection per notification, with no TLS and no
+// authentication (a local relay such as Mailpit).
 package app

@@ -54,8 +54,11 @@ func parseEvent(msg *broker.Message) (int64, error) {
 // The send honours ctx: when ctx is done (a worker shutting down) the
 // SMTP dialogue is cut and an error wrapping ctx's error is returned,
 // except while the server is deciding on a mail it has received in full;
-// then the handler waits for the answer (at most Config.SMTPTimeout), so
-// an accepted mail is reported as sent (nil) even though ctx is done.
+// then the handler waits for the answer (at most Config.SMTPDataTimeout),
+// so an accepted mail is reported as sent (nil) even though ctx is done.
+// When that answer does not come (a timeout, a cut connection) the server
+// may have the mail: the error wraps ErrDeliveryUnknown and stays
+// retryable, so a retry may send a second copy with the same Message-ID.
 //
 // A payload that does not parse, or names no notification, is
 // worker.Permanent (straight to the DLQ). An SMTP 5xx answer is permanent
@@ -115,7 +118,8 @@ func (a *App) MessageID(id int64, createdAt time.Time) string {
 // send delivers one mail over a fresh SMTP connection. It returns nil once
 // the server has accepted the mail, whatever happens to the session
 // afterwards; when ctx is done first it cuts the session (see sendGuard)
-// and returns an error wrapping ctx.Err().
+// and returns an error wrapping ctx.Err(). When the whole mail was sent
+// but no reply to it came, the error wraps ErrDeliveryUnknown.
 func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subject, body string) error {
 	m := mail.NewMsg()
 	if err := m.From(a.cfg.SMTPFrom); err != nil {
@@ -129,7 +133,7 @@ func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subje
 	m.SetGenHeader(HeaderNotificationID, strconv.FormatInt(id, 10))
 	m.SetDate()
 	m.SetBodyString(mail.TypeTextPlain, body)
-	g := &sendGuard{}
+	g := &sendGuard{cmdTimeout: a.cfg.SMTPTimeout, dataTimeout: a.cfg.SMTPDataTimeout}
 	stop := context.AfterFunc(ctx, g.cancel)
 	defer stop()
 	err := a.mail.DialAndSendWithContext(context.WithValue(ctx, sendGuardKey{}, g), m)
@@ -141,8 +145,18 @@ func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subje
 		// because ctx is done). The mail is sent.
 		a.log.Debug("app: mail accepted; closing the SMTP session failed", "notification_id", id, "error", err)
 		return nil
+	case g.ambiguous():
+		// The whole mail went out, the reply to it did not come: the
+		// server may have it. Retryable (at least once), never reported
+		// as "not accepted".
+		a.log.Warn("app: the SMTP server may have accepted the mail; no reply to the end of the data, a retry may send a second copy with the same Message-ID",
+			"notification_id", id, "smtp", a.cfg.SMTPAddr, "message_id", a.MessageID(id, createdAt), "shutdown", ctx.Err() != nil, "error", err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w (notification %d, smtp %s, shutting down): %w: %w", ErrDeliveryUnknown, id, a.cfg.SMTPAddr, err, ctx.Err())
+		}
+		return fmt.Errorf("%w (notification %d, smtp %s): %w", ErrDeliveryUnknown, id, a.cfg.SMTPAddr, err)
 	case ctx.Err() != nil:
-		return fmt.Errorf("app: notification %d: smtp %s: sending cut short, the mail was not accepted: %w", id, a.cfg.SMTPAddr, ctx.Err())
+		return fmt.Errorf("app: notification %d: smtp %s: sending cut short before the server had the whole mail, so it was not accepted: %w", id, a.cfg.SMTPAddr, ctx.Err())
 	}
 	return fmt.Errorf("app: notification %d: smtp %s: %w", id, a.cfg.SMTPAddr, err)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"time"
 )
 
 // The SMTP dialogue of one send honours the handler's ctx: when ctx is
@@ -15,8 +16,17 @@ import (
 // deciding; closing then would leave the outcome unknown (the server may
 // deliver it while the handler reports a failure, and the redelivery
 // would send it again). In that window the abort waits for the reply,
-// which is bounded by Config.SMTPTimeout; right after the reply the
-// connection is closed without waiting for QUIT.
+// which is bounded by Config.SMTPDataTimeout (not Config.SMTPTimeout:
+// RFC 5321 section 4.5.3.2.6 lets a server take up to 10 minutes to
+// answer the end of the data); right after the reply the connection is
+// closed without waiting for QUIT.
+//
+// The guard also moves the connection's deadline: go-mail sets one
+// deadline of Config.SMTPTimeout when it connects; once the end of the
+// data is written the guard extends it to Config.SMTPDataTimeout for the
+// reply, and once the reply is in it sets it back to Config.SMTPTimeout
+// (for QUIT). If the reply does not arrive (a timeout, a cut connection)
+// the outcome is unknown: see ambiguous and ErrDeliveryUnknown.
 
 // sendGuardKey is the context key under which send passes its sendGuard
 // to dialSMTP.
@@ -25,6 +35,10 @@ type sendGuardKey struct{}
 // sendGuard is the state of one SMTP dialogue, shared by the connection
 // wrapper and the ctx watcher.
 type sendGuard struct {
+	// cmdTimeout and dataTimeout are Config.SMTPTimeout and
+	// Config.SMTPDataTimeout; set before the dial, read-only after.
+	cmdTimeout, dataTimeout time.Duration
+
 	mu        sync.Mutex
 	conn      net.Conn // the raw connection; nil until dialled
 	cancelled bool     // ctx is done: close at the first safe point
@@ -77,37 +91,48 @@ func (g *sendGuard) aborted() bool {
 	return g.closed
 }
 
-// wrote notes the bytes about to be written.
-func (g *sendGuard) wrote(p []byte) error {
+// ambiguous reports whether the whole mail was (or may have been)
+// written but the server's final reply to it has not arrived: a failure
+// now leaves the server possibly holding the mail.
+func (g *sendGuard) ambiguous() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dataDone && !g.replied
+}
+
+// wrote notes the bytes about to be written; last reports that they hold
+// the end of the mail data.
+func (g *sendGuard) wrote(p []byte) (last bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return net.ErrClosed
+		return false, net.ErrClosed
 	}
 	if g.dataDone || len(p) == 0 {
-		return nil
+		return false, nil
 	}
 	// The marker may straddle two writes: look at the previous tail
 	// joined with the head of p, then at p itself.
 	head := p[:min(len(p), len(endOfData)-1)]
 	if bytes.Contains(append(g.tail, head...), endOfData) || bytes.Contains(p, endOfData) {
 		g.dataDone = true
-		return nil
+		return true, nil
 	}
 	g.tail = append(g.tail, p[max(0, len(p)-(len(endOfData)-1)):]...)
 	if n := len(g.tail); n > len(endOfData)-1 {
 		g.tail = append(g.tail[:0], g.tail[n-(len(endOfData)-1):]...)
 	}
-	return nil
+	return false, nil
 }
 
 // read notes bytes read; once the final reply to the mail data is in,
-// a pending cancel closes the connection.
-func (g *sendGuard) read(p []byte) {
+// a pending cancel closes the connection. It reports whether p completed
+// that reply.
+func (g *sendGuard) read(p []byte) (replied bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.dataDone || g.replied || len(p) == 0 {
-		return
+		return false
 	}
 	if len(g.reply) < 4<<10 {
 		g.reply = append(g.reply, p...)
@@ -128,6 +153,7 @@ func (g *sendGuard) read(p []byte) {
 	if g.replied && g.cancelled {
 		g.closeLocked()
 	}
+	return g.replied
 }
 
 // guardedConn is the SMTP connection as go-mail sees it.
@@ -137,15 +163,25 @@ type guardedConn struct {
 }
 
 func (c *guardedConn) Write(p []byte) (int, error) {
-	if err := c.g.wrote(p); err != nil {
+	last, err := c.g.wrote(p)
+	if err != nil {
 		return 0, err
 	}
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if last && err == nil && c.g.dataTimeout > 0 {
+		// The server has the whole mail and may take its time to answer
+		// (RFC 5321 section 4.5.3.2.6: up to 10 minutes).
+		_ = c.Conn.SetDeadline(time.Now().Add(c.g.dataTimeout))
+	}
+	return n, err
 }
 
 func (c *guardedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.g.read(p[:n])
+	if c.g.read(p[:n]) && c.g.cmdTimeout > 0 {
+		// The answer is in; QUIT gets the command timeout again.
+		_ = c.Conn.SetDeadline(time.Now().Add(c.g.cmdTimeout))
+	}
 	return n, err
 }
 

@@ -57,7 +57,9 @@ type Config struct {
 	// Queues this broker declared are always found on their exchange.
 	LookupExchange string
 	// Logger receives connection events (disconnect, reconnect, errors of
-	// the background pull loop). Defaults to slog.Default().
+	// the background pull loop). Defaults to slog.Default(). The adapter
+	// adds the attribute broker=nats to every line, so do not add a
+	// "broker" attribute to Logger yourself.
 	Logger *slog.Logger
 }
 

@@ -136,7 +136,8 @@ type Config struct {
 	// "ferry".
 	ConnectionName string
 	// Logger receives connection losses and reconnections. Defaults to
-	// slog.Default().
+	// slog.Default(). The adapter adds the attribute broker=rabbitmq to
+	// every line, so do not add a "broker" attribute to Logger yourself.
 	Logger *slog.Logger
 }
 

@@ -340,7 +340,9 @@ func (st *stack) runWorker(ctx context.Context) error {
 
 func (st *stack) brokerOptions(component string) BrokerOptions {
 	o := st.s.brokerOpts
-	o.Logger = st.log.With("component", component, "broker", st.s.broker)
+	// No "broker" attribute here: the adapters tag their own lines with it
+	// (rabbitmq.New, nats.New), also for callers such as the dlq commands.
+	o.Logger = st.log.With("component", component)
 	return o
 }
 

@@ -35,8 +35,9 @@ type RequestedEvent struct {
 type Created struct {
 	// ID is the notification id, a decimal string.
 	ID string `json:"id"`
-	// Status is always "pending": the status when the request was first
-	// accepted (a repeat with the same Idempotency-Key gets the same body).
+	// Status is "pending" for a new notification; a repeat with the same
+	// Idempotency-Key gets the same ID and the notification's current
+	// status (pending, sent or dead).
 	Status string `json:"status"`
 }
 
@@ -44,7 +45,8 @@ type Created struct {
 //
 //	POST /notifications       201 Created; 400/413/415/422 with an APIError body for bad
 //	                          input; 503 unavailable when the database is down
-//	GET  /notifications/{id}  200 Notification; 404 APIError
+//	GET  /notifications/{id}  200 Notification; 404 APIError; 503 unavailable when the
+//	                          database is down
 //	GET  /healthz             200 {"status":"ok"} while the process runs
 //	GET  /readyz              200 {"status":"ok"}; 503 {"status":"unavailable","error":...}
 //	                          when the database does not answer or lacks the schema
@@ -198,7 +200,8 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 		// concurrent inserter to finish); this statement's fresh snapshot
 		// sees it.
 		var stored []byte
-		err = tx.QueryRow(ctx, `SELECT id, request_hash FROM notifications WHERE idempotency_key = $1`, key).Scan(&id, &stored)
+		var status string
+		err = tx.QueryRow(ctx, `SELECT id, request_hash, status FROM notifications WHERE idempotency_key = $1`, key).Scan(&id, &stored, &status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, apiErr(http.StatusConflict, "Idempotency-Key", CodeIdempotencyConflict,
 				"the request with this Idempotency-Key changed concurrently; retry")
@@ -210,7 +213,9 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 			return nil, apiErr(http.StatusUnprocessableEntity, "Idempotency-Key", CodeIdempotencyKeyReused,
 				"this Idempotency-Key was used with a different request")
 		}
-		return &createResult{Created: Created{ID: strconv.FormatInt(id, 10), Status: StatusPending}, replayed: true}, nil
+		// The current status, not the first answer's "pending": a client
+		// repeating the request after the mail went out learns it is sent.
+		return &createResult{Created: Created{ID: strconv.FormatInt(id, 10), Status: status}, replayed: true}, nil
 	}
 	if err != nil {
 		return nil, a.dbErr("insert notification", err)
@@ -257,7 +262,12 @@ func (a *App) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, a.internal("get notification", err))
+		// Status's only other errors are the database's (down, timed
+		// out): the client may retry, as for POST. The driver's error
+		// names hosts and users; it goes to the log only.
+		a.log.Error("app: GET /notifications/{id} failed", "error", err)
+		writeJSON(w, http.StatusServiceUnavailable, apiErr(http.StatusServiceUnavailable, "", CodeUnavailable,
+			"the database is unavailable; the notification could not be read, retry later"))
 		return
 	}
 	writeJSON(w, http.StatusOK, n)

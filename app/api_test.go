@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stretchr/testify/require"
@@ -334,4 +335,48 @@ func TestNewValidatesConfig(t *testing.T) {
 	require.Equal(t, "notifications.send", top.Queues[0].Name)
 	require.Equal(t, []string{app.EventNotificationRequested}, top.Queues[0].Bindings)
 	require.Equal(t, []time.Duration{time.Second}, top.Queues[0].RetryDelays)
+}
+
+// A repeat with the same Idempotency-Key after the mail went out gets the
+// same id and the current status (sent), not the first answer's
+// "pending".
+func TestIdempotencyReplayReportsCurrentStatus(t *testing.T) {
+	t.Parallel()
+	testenv.RequireTCP(t, "smtp", testenv.SMTPAddr())
+	b := setup(t, app.Config{})
+	key := map[string]string{"Idempotency-Key": "replay-after-send"}
+	req := with("to", testenv.UniqueName("replay")+"@example.com")
+	first := b.post(t, req, key)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.raw)
+	require.Equal(t, app.StatusPending, first.obj["status"])
+	id := first.obj["id"].(string)
+	msg := b.outboxMessage(t, id)
+	require.NoError(t, b.inTx(func(tx pgx.Tx) error { return b.app.HandleNotification(context.Background(), tx, msg) }))
+
+	again := b.post(t, req, key)
+	require.Equal(t, http.StatusCreated, again.status, "%s", again.raw)
+	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	require.Equal(t, id, again.obj["id"])
+	require.Equal(t, app.StatusSent, again.obj["status"], "the replay reports the current status: %s", again.raw)
+	require.Equal(t, "/notifications/"+id, again.header.Get("Location"))
+	n, e := b.counts(t)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, e)
+}
+
+// GET /notifications/{id} with the database gone is 503 unavailable, as
+// POST is, with a reason about reading (nothing was to be written) and
+// without the driver's error.
+func TestGetWhileDatabaseDown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, app.Config{})
+	id := b.create(t, valid())
+	b.pool.Close()
+	r := b.do(t, http.MethodGet, "/notifications/"+id, nil, nil)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.raw)
+	require.Equal(t, app.CodeUnavailable, r.obj["code"])
+	msg, _ := r.obj["error"].(string)
+	require.Contains(t, msg, "could not be read")
+	require.NotContains(t, msg, "written")
+	require.NotContains(t, msg, "closed pool", "the driver's error goes to the log only")
 }

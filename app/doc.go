@@ -41,12 +41,14 @@
 // An Idempotency-Key header makes the request repeatable: the key and a
 // hash of the normalized request are stored with the row under a unique
 // constraint, so a repeat (even a concurrent one) writes nothing and gets
-// the first answer (201, same body, header Idempotent-Replayed: true); the
-// same key with a different request is 422 idempotency_key_reused.
+// 201 with the same id, the notification's current status (pending, sent
+// or dead) and the header Idempotent-Replayed: true; the same key with a
+// different request is 422 idempotency_key_reused.
 //
 // GET /notifications/{id} returns a Notification (status pending, sent or
 // dead, attempts, last_error); an unknown id is 404 not_found, and so is
-// any id not in canonical decimal form ("01" and "+1" are not 1). GET
+// any id not in canonical decimal form ("01" and "+1" are not 1); while
+// the database is down it is 503 unavailable. GET
 // /healthz answers while the process runs; GET /readyz is 503 while the
 // database does not answer or lacks the schema (see CheckSchema), with a
 // reason that never includes the driver's error (that goes to the log).

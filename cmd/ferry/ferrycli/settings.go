@@ -49,6 +49,8 @@ const (
 	flagRabbitMQURL     = "rabbitmq-url"
 	flagNATSURL         = "nats-url"
 	flagSMTPAddr        = "smtp-addr"
+	flagSMTPTimeout     = "smtp-timeout"
+	flagSMTPDataTimeout = "smtp-data-timeout"
 	flagLogFormat       = "log-format"
 	flagLogLevel        = "log-level"
 	flagAddr            = "addr"
@@ -111,6 +113,9 @@ func apiFlags(defaultAddr string) []cli.Flag {
 func smtpFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: flagSMTPAddr, Value: DefaultSMTPAddr, EnvVars: env(flagSMTPAddr), Usage: "SMTP server host:port (no TLS, no auth)" + " (demo and run: when not given, a built-in SMTP sink in the ferry process)"},
+		&cli.DurationFlag{Name: flagSMTPTimeout, Value: app.DefaultSMTPTimeout, EnvVars: env(flagSMTPTimeout), Usage: "bound on connecting to the SMTP server and on the dialogue up to the end of the mail data"},
+		&cli.DurationFlag{Name: flagSMTPDataTimeout, Value: app.DefaultSMTPDataTimeout, EnvVars: env(flagSMTPDataTimeout),
+			Usage: "how long to wait for the SMTP server's reply to the end of the mail data (RFC 5321 4.5.3.2.6: 10 minutes); when it expires the server may have the mail and the retry may send a copy"},
 	}
 }
 
@@ -217,6 +222,8 @@ type settings struct {
 	natsSet         bool
 	smtpAddr        string
 	smtpSet         bool
+	smtpTimeout     time.Duration // 0: app's default
+	smtpDataTimeout time.Duration // 0: app's default
 	addr            string
 	exchange        string
 	queue           string
@@ -245,6 +252,8 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		natsSet:         c.IsSet(flagNATSURL),
 		smtpAddr:        c.String(flagSMTPAddr),
 		smtpSet:         c.IsSet(flagSMTPAddr),
+		smtpTimeout:     c.Duration(flagSMTPTimeout),
+		smtpDataTimeout: c.Duration(flagSMTPDataTimeout),
 		addr:            c.String(flagAddr),
 		exchange:        c.String(flagExchange),
 		queue:           c.String(flagQueue),
@@ -298,7 +307,8 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	for _, p := range []struct {
 		name string
 		v    time.Duration
-	}{{flagPollInterval, s.pollInterval}, {flagShutdownTimeout, s.shutdownTimeout}} {
+	}{{flagPollInterval, s.pollInterval}, {flagShutdownTimeout, s.shutdownTimeout},
+		{flagSMTPTimeout, s.smtpTimeout}, {flagSMTPDataTimeout, s.smtpDataTimeout}} {
 		if has(p.name) && p.v <= 0 {
 			return nil, usagef("--%s %v: must be positive", p.name, p.v)
 		}

@@ -156,6 +156,8 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 	a, err := app.New(app.Config{
 		Pool:                 pool,
 		SMTPAddr:             s.smtpAddr,
+		SMTPTimeout:          s.smtpTimeout,
+		SMTPDataTimeout:      s.smtpDataTimeout,
 		DebugFailAfterOutbox: s.debugFail,
 		Logger:               log,
 		Exchange:             s.exchange,

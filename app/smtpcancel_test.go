@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,15 +33,33 @@ type slowSMTP struct {
 	// 250" when it was waiting for the next command) when the client
 	// closed the connection.
 	cut chan string
+	// dataDelay is how long the server takes, after release, to answer
+	// the end of the data (a server scanning the mail).
+	dataDelay time.Duration
+	// mails counts the mails received in full (each would be delivered
+	// once the answer is 250).
+	mails atomic.Int32
 }
 
 func newSlowSMTP(t *testing.T, stallMail, stallQuit bool) *slowSMTP {
+	return startSlowSMTP(t, stallMail, stallQuit, 0)
+}
+
+// newSlowDataSMTP is a server that answers every command at once but the
+// end of the mail data only after delay.
+func newSlowDataSMTP(t *testing.T, delay time.Duration) *slowSMTP {
+	s := startSlowSMTP(t, false, false, delay)
+	close(s.release)
+	return s
+}
+
+func startSlowSMTP(t *testing.T, stallMail, stallQuit bool, dataDelay time.Duration) *slowSMTP {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	s := &slowSMTP{addr: l.Addr().String(), mail: make(chan struct{}, 8), data: make(chan struct{}, 8),
-		release: make(chan struct{}), cut: make(chan string, 8)}
+		release: make(chan struct{}), cut: make(chan string, 8), dataDelay: dataDelay}
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -97,8 +116,10 @@ func (s *slowSMTP) serve(c net.Conn, stallMail, stallQuit bool) {
 					break
 				}
 			}
+			s.mails.Add(1)
 			s.data <- struct{}{}
 			<-s.release
+			time.Sleep(s.dataDelay)
 			reply("250 2.0.0 queued as 42")
 			answeredData = true
 		case "QUIT":
@@ -111,6 +132,20 @@ func (s *slowSMTP) serve(c net.Conn, stallMail, stallQuit bool) {
 		default:
 			reply("250 ok")
 		}
+	}
+}
+
+// awaitServer waits until the fake server signals on ch (it got the mail,
+// or a MAIL command), failing the test if the handler returned first or
+// nothing came within 20 s.
+func awaitServer(t *testing.T, ch <-chan struct{}, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case err := <-done:
+		t.Fatalf("the handler returned before sending: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal(what)
 	}
 }
 
@@ -141,13 +176,7 @@ func TestHandleNotificationCancelledWhileServerAccepts(t *testing.T) {
 	defer cancel()
 	done := b.handle(ctx, id, t)
 
-	select {
-	case <-srv.data:
-	case err := <-done:
-		t.Fatalf("the handler returned before sending: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the mail never reached the server")
-	}
+	awaitServer(t, srv.data, done, "the mail never reached the server")
 	// While the server holds the mail, the handler's transaction has
 	// already run its UPDATE: after the accept only COMMIT remains.
 	var queries []string
@@ -197,13 +226,7 @@ func TestHandleNotificationCancelledBeforeAccept(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := b.handle(ctx, id, t)
-	select {
-	case <-srv.mail:
-	case err := <-done:
-		t.Fatalf("the handler returned before sending: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the handler never reached MAIL FROM")
-	}
+	awaitServer(t, srv.mail, done, "the handler never reached MAIL FROM")
 	cancel()
 	select {
 	case err := <-done:

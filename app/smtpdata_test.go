@@ -1,15 +1,11 @@
 package app_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,72 +15,6 @@ import (
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/worker"
 )
-
-// slowDataSMTP is a loopback SMTP server that answers every command at
-// once but the end of the mail data only after delay (a server scanning
-// the mail before it answers). mails counts the mails it received in full
-// (each would be delivered once the answer is 250).
-type slowDataSMTP struct {
-	addr  string
-	delay time.Duration
-	mails atomic.Int32
-	data  chan struct{} // receives once per mail received in full
-}
-
-func newSlowDataSMTP(t *testing.T, delay time.Duration) *slowDataSMTP {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	s := &slowDataSMTP{addr: l.Addr().String(), delay: delay, data: make(chan struct{}, 8)}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go s.serve(c)
-		}
-	}()
-	return s
-}
-
-func (s *slowDataSMTP) serve(c net.Conn) {
-	defer c.Close()
-	r := bufio.NewReader(c)
-	reply := func(s string) { c.Write([]byte(s + "\r\n")) } //nolint:errcheck
-	reply("220 slowdata.test ESMTP")
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return
-		}
-		switch verb := strings.ToUpper(strings.Fields(line + " x")[0]); verb {
-		case "EHLO", "HELO":
-			reply("250 slowdata.test")
-		case "DATA":
-			reply("354 go ahead")
-			for {
-				l, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if l == ".\r\n" {
-					break
-				}
-			}
-			s.mails.Add(1)
-			s.data <- struct{}{}
-			time.Sleep(s.delay)
-			reply("250 2.0.0 queued after a long scan")
-		case "QUIT":
-			reply("221 bye")
-			return
-		default:
-			reply("250 ok")
-		}
-	}
-}
 
 // syncBuffer is a log sink safe for concurrent writes.
 type syncBuffer struct {
@@ -171,13 +101,7 @@ func TestHandleNotificationShutdownDuringDataReplyIsAmbiguous(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := b.handle(ctx, id, t)
-	select {
-	case <-srv.data:
-	case err := <-done:
-		t.Fatalf("the handler returned before sending: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the mail never reached the server")
-	}
+	awaitServer(t, srv.data, done, "the mail never reached the server")
 	cancel()
 	var err error
 	select {

@@ -238,11 +238,7 @@ func deleteTopology(b *testing.B, kind string, tp broker.Topology) {
 			return
 		}
 		for _, q := range tp.Queues {
-			names := []string{q.Name, broker.DLQName(q.Name)}
-			for i := range q.Delays() {
-				names = append(names, fmt.Sprintf("%s.retry.%d", q.Name, i))
-			}
-			for _, n := range names {
+			for _, n := range rabbitmq.QueueNames(q) {
 				if _, err := ch.QueueDelete(n, false, false, false); err != nil {
 					b.Logf("bench: delete queue %s: %v", n, err)
 					return

@@ -370,6 +370,17 @@ func appendMissing(have, add []string) []string {
 // retryQueueName is the name of retry level i of queue.
 func retryQueueName(queue string, i int) string { return fmt.Sprintf("%s.retry.%d", queue, i) }
 
+// QueueNames returns the names of the RabbitMQ queues Declare creates for
+// q: the work queue, one retry level <queue>.retry.<i> per entry of
+// q.Delays(), and the DLQ (broker.DLQName). Teardown code deletes these.
+func QueueNames(q broker.Queue) []string {
+	names := []string{q.Name}
+	for i := range q.Delays() {
+		names = append(names, retryQueueName(q.Name, i))
+	}
+	return append(names, broker.DLQName(q.Name))
+}
+
 // retryQueueArgs are the arguments of a retry level: the level's delay as
 // per-queue message TTL, then dead-lettering through the default exchange
 // straight to the work queue (https://www.rabbitmq.com/docs/dlx).

@@ -52,11 +52,7 @@ func deleteTopology(ctx context.Context, t testing.TB, tp broker.Topology) {
 	}
 	defer ch.Close()
 	for _, q := range tp.Queues {
-		names := []string{q.Name, broker.DLQName(q.Name)}
-		for i := range q.Delays() {
-			names = append(names, fmt.Sprintf("%s.retry.%d", q.Name, i))
-		}
-		for _, n := range names {
+		for _, n := range rabbitmq.QueueNames(q) {
 			if _, err := ch.QueueDelete(n, false, false, false); err != nil {
 				t.Logf("delete queue %s: %v", n, err)
 				return

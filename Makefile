@@ -18,10 +18,14 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 45m
 PKGS     ?= ./...
 DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
-.PHONY: test bench services services-down services-status demo build vet
+.PHONY: test tidy-check bench services services-down services-status demo build vet
 
-test:
+test: tidy-check
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
+
+# go.mod must be tidy: direct dependencies not marked indirect, nothing missing.
+tidy-check:
+	@$(GO) mod tidy -diff || { echo 'go.mod is not tidy: run "go mod tidy"' >&2; exit 1; }
 
 # The figures of bench/README.md (about 3 minutes); prints, asserts nothing.
 bench:

@@ -22,6 +22,13 @@ type BrokerOptions struct {
 	RabbitMQURL string
 	// NATSURL is --nats-url, a nats:// URL.
 	NATSURL string
+	// KafkaBrokers is --kafka-brokers: Kafka bootstrap addresses, host:port.
+	KafkaBrokers []string
+	// SQSEndpoint is --sqs-endpoint, an http(s):// URL; empty means AWS's
+	// endpoint for AWSRegion.
+	SQSEndpoint string
+	// AWSRegion is --aws-region, e.g. "us-east-1".
+	AWSRegion string
 	// LookupExchange is the exchange on which the DLQ of a queue this
 	// process did not declare is looked for (ferry dlq's --exchange when
 	// given); brokers whose DLQ lookup needs no exchange ignore it. Empty:

@@ -102,7 +102,8 @@ func openDLQ(c *cli.Context, s *settings, log *slog.Logger) (broker.Broker, brok
 			return nil, nil, usagef("--%s %q: want letters, digits, '-', '_' or '.'", flagExchange, lookup)
 		}
 	}
-	opts := BrokerOptions{RabbitMQURL: s.brokerOpts.RabbitMQURL, NATSURL: s.brokerOpts.NATSURL, LookupExchange: lookup, Logger: log}
+	opts := s.brokerOpts
+	opts.LookupExchange, opts.Logger = lookup, log
 	b, err := OpenBroker(c.Context, s.broker, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ferry: dlq: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)

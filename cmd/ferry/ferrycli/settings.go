@@ -27,6 +27,14 @@ const (
 	// DefaultNATSURL is --nats-url's default (demo and run start an
 	// embedded NATS server when neither --broker nor --nats-url is given).
 	DefaultNATSURL = "nats://127.0.0.1:4222"
+	// DefaultKafkaBrokers is --kafka-brokers' default: a comma list of
+	// host:port bootstrap addresses.
+	DefaultKafkaBrokers = "127.0.0.1:9092"
+	// DefaultSQSEndpoint is --sqs-endpoint's default, ElasticMQ's port on
+	// loopback; empty means AWS's own endpoint for --aws-region.
+	DefaultSQSEndpoint = "http://127.0.0.1:9324"
+	// DefaultAWSRegion is --aws-region's default.
+	DefaultAWSRegion = "us-east-1"
 	// DefaultSMTPAddr is --smtp-addr's default, Mailpit's SMTP port (demo
 	// and run use a built-in SMTP sink when the flag is not given).
 	DefaultSMTPAddr = "127.0.0.1:1025"
@@ -48,6 +56,9 @@ const (
 	flagBroker          = "broker"
 	flagRabbitMQURL     = "rabbitmq-url"
 	flagNATSURL         = "nats-url"
+	flagKafkaBrokers    = "kafka-brokers"
+	flagSQSEndpoint     = "sqs-endpoint"
+	flagAWSRegion       = "aws-region"
 	flagSMTPAddr        = "smtp-addr"
 	flagSMTPTimeout     = "smtp-timeout"
 	flagSMTPDataTimeout = "smtp-data-timeout"
@@ -96,6 +107,9 @@ func brokerFlags() []cli.Flag {
 			Usage: "message broker: rabbitmq or nats (kafka, sqs: not available yet); demo and run without it use an embedded NATS server, or --nats-url when that is given"},
 		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL (--broker rabbitmq)"},
 		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (--broker nats)" + embeddedNote},
+		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port (--broker kafka)"},
+		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL; empty for AWS's endpoint of --aws-region (--broker sqs)"},
+		&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Usage: "AWS region (--broker sqs); credentials come from the AWS SDK's default chain (AWS_ACCESS_KEY_ID, profiles, roles)"},
 		&cli.StringFlag{Name: flagExchange, Value: app.DefaultExchange, EnvVars: env(flagExchange), Usage: "exchange (NATS: stream) the notification events are published to"},
 		&cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Usage: "work queue of the notification worker; its DLQ is <queue>.dlq"},
 		&cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay),
@@ -266,8 +280,11 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		debugFail:       c.Bool(flagDebugFail),
 		dataDir:         c.String(flagDataDir),
 		brokerOpts: BrokerOptions{
-			RabbitMQURL: c.String(flagRabbitMQURL),
-			NATSURL:     c.String(flagNATSURL),
+			RabbitMQURL:  c.String(flagRabbitMQURL),
+			NATSURL:      c.String(flagNATSURL),
+			KafkaBrokers: splitList(c.String(flagKafkaBrokers)),
+			SQSEndpoint:  c.String(flagSQSEndpoint),
+			AWSRegion:    c.String(flagAWSRegion),
 		},
 	}
 	has := func(name string) bool { return hasFlag(c, name) }
@@ -339,4 +356,16 @@ func hasFlag(c *cli.Context, name string) bool {
 		}
 	}
 	return false
+}
+
+// splitList splits a comma list, trimming spaces and dropping empty
+// items; "" gives nil.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

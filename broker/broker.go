@@ -520,6 +520,16 @@ type SubscribeOptions struct {
 	// wait for a settlement until the connection closes ignore it. Defaults
 	// to 30s.
 	AckDeadline time.Duration
+	// Ordered asks for per-key order: Receive hands out a delivery whose
+	// Message.Key is not empty only after every earlier delivery of the
+	// same Key on this subscription was settled (Ack, Retry or
+	// DeadLetter), in the order the broker holds them (Kafka: partition
+	// order; SQS FIFO: message group order; RabbitMQ and NATS: queue or
+	// stream order). Messages of other keys are not held back. Order holds
+	// up to retries: a retried message comes back after later messages of
+	// its key. Subscribe returns an error wrapping ErrUnsupported on a
+	// broker whose Capabilities.Ordering is OrderingNone.
+	Ordered bool
 }
 
 // DefaultPrefetch is the prefetch when SubscribeOptions.Prefetch is 0.

@@ -1,6 +1,7 @@
 package prometheus_test
 
 import (
+	"bytes"
 	"log/slog"
 	"os"
 	"slices"
@@ -98,24 +99,56 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 	}
 }
 
-// TestScrapeConfigLoadsTheRules: prometheus.yml is YAML that loads
-// alerts.yml and scrapes the ferry job.
+// TestScrapeConfigLoadsTheRules: prometheus.yml is YAML with only keys
+// this test knows (decoded strictly), loads alerts.yml and scrapes the
+// ferry job by DNS service discovery of the roles' network aliases
+// (compose/compose_test.go checks the aliases and ports against
+// compose.yaml).
 func TestScrapeConfigLoadsTheRules(t *testing.T) {
 	t.Parallel()
 	data, err := os.ReadFile("prometheus.yml")
 	require.NoError(t, err)
 	var cfg struct {
+		Global struct {
+			ScrapeInterval     string `yaml:"scrape_interval"`
+			EvaluationInterval string `yaml:"evaluation_interval"`
+		} `yaml:"global"`
 		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
-			JobName       string `yaml:"job_name"`
-			StaticConfigs []struct {
-				Targets []string `yaml:"targets"`
-			} `yaml:"static_configs"`
+			JobName      string `yaml:"job_name"`
+			DNSSDConfigs []struct {
+				Names           []string `yaml:"names"`
+				Type            string   `yaml:"type"`
+				Port            int      `yaml:"port"`
+				RefreshInterval string   `yaml:"refresh_interval"`
+			} `yaml:"dns_sd_configs"`
+			RelabelConfigs []struct {
+				SourceLabels []string `yaml:"source_labels"`
+				Regex        string   `yaml:"regex"`
+				TargetLabel  string   `yaml:"target_label"`
+			} `yaml:"relabel_configs"`
 		} `yaml:"scrape_configs"`
 	}
-	require.NoError(t, yaml.Unmarshal(data, &cfg))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&cfg))
 	require.Equal(t, []string{"alerts.yml"}, cfg.RuleFiles)
+	for _, d := range []string{cfg.Global.ScrapeInterval, cfg.Global.EvaluationInterval} {
+		_, err := model.ParseDuration(d)
+		require.NoError(t, err, d)
+	}
 	require.Len(t, cfg.ScrapeConfigs, 1)
-	require.Equal(t, "ferry", cfg.ScrapeConfigs[0].JobName)
-	require.NotEmpty(t, cfg.ScrapeConfigs[0].StaticConfigs[0].Targets)
+	job := cfg.ScrapeConfigs[0]
+	require.Equal(t, "ferry", job.JobName)
+	require.Len(t, job.DNSSDConfigs, 3)
+	for _, sd := range job.DNSSDConfigs {
+		require.Equal(t, "A", sd.Type, "A records: one per container")
+		require.NotEmpty(t, sd.Names)
+		require.Positive(t, sd.Port)
+		_, err := model.ParseDuration(sd.RefreshInterval)
+		require.NoError(t, err)
+	}
+	require.Len(t, job.RelabelConfigs, 1)
+	require.Equal(t, []string{"__meta_dns_name"}, job.RelabelConfigs[0].SourceLabels)
+	require.Equal(t, "role", job.RelabelConfigs[0].TargetLabel)
 }

@@ -44,7 +44,7 @@ const (
 
 // Default --metrics-addr of the roles without an HTTP API of their own, so
 // every role serves GET /metrics out of the box; they differ so that a relay
-// and a worker can run on one host (compose/docker-compose.yml uses them).
+// and a worker can run on one host (compose/compose.yaml uses them).
 const (
 	DefaultRelayMetricsAddr  = ":9464"
 	DefaultWorkerMetricsAddr = ":9465"

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -64,5 +65,6 @@ func logStatements(b *testing.B, db database, events int, label string) {
 	must(b, db.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name))
 	sts, err := runcost.Statements(ctx, admin, name, 25)
 	must(b, err)
-	b.Logf("%s: statements (pg_stat_statements, most total time first):\n\t%s", label, strings.Join(runcost.DescribeStatements(sts, events), "\n\t"))
+	// Printed, not logged: a benchmark's log is cut at 10 lines.
+	fmt.Printf("%s: statements (pg_stat_statements, most total time first):\n\t%s\n", label, strings.Join(runcost.DescribeStatements(sts, events), "\n\t"))
 }

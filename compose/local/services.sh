@@ -380,7 +380,7 @@ END \$\$;" || die "postgres: could not create role ferry"
 	# The pg_stat_statements view, in database ferry (it shows the
 	# statements of every database; bench/ reads it), when preloaded.
 	if [ "$(psql_admin -tAc "SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' AND setting LIKE '%pg_stat_statements%'")" = 1 ]; then
-		psql_admin -d ferry -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" || die "postgres: could not create extension pg_stat_statements"
+		psql_admin -d ferry -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" || die "postgres: could not create extension pg_stat_statements"
 	fi
 }
 

@@ -20,7 +20,11 @@ import (
 // batchSavepoint, released (merged into the transaction) before the next
 // message's savepoint is set in the same round trip.
 const (
-	batchDedupSQL      = `INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
+	batchDedupSQL = `WITH ins AS (
+	INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id
+)
+SELECT ins.message_id, coalesce(a.attempts, 0), coalesce(a.dead, false), coalesce(a.last_error, '')
+FROM ins LEFT JOIN worker_attempts a ON a.consumer = $1 AND a.message_id = ins.message_id`
 	batchUndedupSQL    = `DELETE FROM processed_messages WHERE consumer = $1 AND message_id = $2`
 	batchSavepoint     = `SAVEPOINT ferry_worker_msg`
 	batchNextSavepoint = `RELEASE SAVEPOINT ferry_worker_msg; SAVEPOINT ferry_worker_msg`
@@ -61,6 +65,7 @@ const (
 	batchDuplicate                   // processed before, or twice in the batch
 	batchDone                        // the handler succeeded
 	batchFailed                      // the handler failed; its dedup row is removed
+	batchDead                        // its attempt record says "dead": not handled, dedup row removed
 )
 
 // batchItem is one delivery of a batch.
@@ -69,7 +74,8 @@ type batchItem struct {
 	msg   *broker.Message
 	ext   *extender
 	state batchState
-	err   error // the handler's error when state is batchFailed
+	rec   attemptRecord // the attempt record, when the state is not batchDuplicate
+	err   error         // the handler's error when state is batchFailed
 }
 
 // handleBatch processes deliveries in one transaction and settles each
@@ -128,6 +134,8 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 				w.ack(ctx, it.d, it.msg, OutcomeDuplicate, dur)
 			case batchDone:
 				w.ack(ctx, it.d, it.msg, OutcomeAck, dur)
+			case batchDead:
+				w.deadAgain(ctx, it.d, it.msg, it.rec, dur)
 			case batchFailed:
 				if ctx.Err() != nil {
 					w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", it.msg.ID, "err", it.err)
@@ -157,7 +165,7 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 // again), errBatch (handle each message alone) or is ctx's error.
 func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	for _, it := range items {
-		it.state, it.err = batchPending, nil
+		it.state, it.err, it.rec, it.msg = batchPending, nil, attemptRecord{}, it.d.Message()
 	}
 	tx, err := w.cfg.Pool.Begin(ctx)
 	if err != nil {
@@ -178,13 +186,28 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	if err != nil {
 		return err
 	}
+	// A message already bound for the DLQ is not handled: its dedup row
+	// goes (before any savepoint), and it is dead-lettered after the commit.
+	for id, rec := range inserted {
+		if rec.dead {
+			if _, err := tx.Exec(ctx, batchUndedupSQL, w.cfg.Consumer, id); err != nil {
+				return w.batchErr(ctx, "delete the dedup row of a dead message", err)
+			}
+		}
+	}
 	var savepoint bool
 	for _, it := range items {
-		if !inserted[it.msg.ID] {
+		rec, ok := inserted[it.msg.ID]
+		if !ok {
 			it.state = batchDuplicate
 			continue
 		}
 		delete(inserted, it.msg.ID) // a second delivery of it in this batch is a duplicate
+		it.rec, it.msg = rec, withAttempt(it.msg, rec)
+		if rec.dead {
+			it.state = batchDead
+			continue
+		}
 		sql := batchSavepoint
 		if savepoint {
 			sql = batchNextSavepoint
@@ -205,6 +228,11 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 			}
 			continue
 		}
+		if rec.attempts > 0 {
+			if _, err := tx.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, it.msg.ID); err != nil {
+				return w.batchErr(ctx, "delete the attempt record of a message handled", err)
+			}
+		}
 		it.state = batchDone
 	}
 	if err := commit(ctx, tx); err != nil {
@@ -214,10 +242,18 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 }
 
 // insertDedup inserts (Consumer, id) for each of ids and returns the ids
-// inserted, i.e. not processed before.
-func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]bool, error) {
+// inserted, i.e. not processed before, with their attempt records.
+func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]attemptRecord, error) {
 	rows, _ := tx.Query(ctx, batchDedupSQL, w.cfg.Consumer, ids)
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	inserted := make(map[string]attemptRecord, len(ids))
+	var (
+		id  string
+		rec attemptRecord
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.dead, &rec.lastError}, func() error {
+		inserted[id] = rec
+		return nil
+	})
 	if err != nil {
 		var pgErr *pgconn.PgError
 		switch {
@@ -230,10 +266,6 @@ func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[
 		default:
 			return nil, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
 		}
-	}
-	inserted := make(map[string]bool, len(got))
-	for _, id := range got {
-		inserted[id] = true
 	}
 	return inserted, nil
 }

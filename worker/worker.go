@@ -55,9 +55,19 @@ const (
 	// OutcomeDuplicate: the consumer had already processed the message ID;
 	// the delivery was acked without calling the handler.
 	OutcomeDuplicate
+	// OutcomeUnsettled: the attempt failed and the worker asked for a retry
+	// or the DLQ, but the broker did not take the settlement (Retry or
+	// DeadLetter returned an error: channel closed, connection lost,
+	// deadline passed). The failed attempt is in AttemptsTable; the broker
+	// redelivers the message, and the worker handles the redelivery as the
+	// next attempt, or dead-letters it at once when the DLQ was decided
+	// (package doc, "Attempts and lost settlements"). Neither "retry" nor
+	// "dead" is counted for such an attempt.
+	OutcomeUnsettled
 )
 
-// String returns "ack", "retry", "dead" or "duplicate" (the metrics label).
+// String returns "ack", "retry", "dead", "duplicate" or "unsettled" (the
+// metrics label).
 func (o Outcome) String() string {
 	switch o {
 	case OutcomeAck:
@@ -68,6 +78,8 @@ func (o Outcome) String() string {
 		return "dead"
 	case OutcomeDuplicate:
 		return "duplicate"
+	case OutcomeUnsettled:
+		return "unsettled"
 	default:
 		return fmt.Sprintf("Outcome(%d)", int(o))
 	}
@@ -106,7 +118,61 @@ const (
 // package outbox's migrations create it.
 const DedupTable = "processed_messages"
 
-const dedupSQL = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+// AttemptsTable is the table of failed attempts per (consumer,
+// message_id): the number of the last failed attempt, its error and
+// whether the DLQ was decided. The worker reads it with the dedup insert
+// and writes it in its own transaction after each failed attempt, before
+// settling, so a settlement the broker never received loses no attempt
+// (package doc, "Attempts and lost settlements"). Package outbox's
+// migrations create it.
+const AttemptsTable = "worker_attempts"
+
+// dedupSQL inserts the dedup row and reads the message's attempt record in
+// one round trip; the first column is false for a duplicate.
+const dedupSQL = `WITH ins AS (
+	INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM ins), coalesce(a.attempts, 0), coalesce(a.dead, false), coalesce(a.last_error, '')
+FROM (VALUES (1)) AS one LEFT JOIN worker_attempts a ON a.consumer = $1 AND a.message_id = $2`
+
+// recordAttemptSQL records a failed attempt; it never lowers the count
+// nor clears the dead flag.
+const recordAttemptSQL = `INSERT INTO worker_attempts (consumer, message_id, attempts, last_error, dead) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (consumer, message_id) DO UPDATE SET
+	attempts = GREATEST(worker_attempts.attempts, EXCLUDED.attempts),
+	last_error = EXCLUDED.last_error,
+	dead = worker_attempts.dead OR EXCLUDED.dead,
+	updated_at = now()`
+
+// clearAttemptsSQL deletes the attempt record of a message that succeeded
+// or reached the DLQ.
+const clearAttemptsSQL = `DELETE FROM worker_attempts WHERE consumer = $1 AND message_id = $2`
+
+// attemptRecord is a message's row of AttemptsTable (zero: none).
+type attemptRecord struct {
+	attempts  int    // the number of the last failed attempt
+	dead      bool   // the DLQ was decided and not confirmed
+	lastError string // the reason of the last failed attempt
+}
+
+// withAttempt returns msg with Attempt raised to the attempt the record
+// says this delivery is: one past the last failed attempt, or, for a
+// message whose DLQ was decided, that last attempt (whatever the broker
+// counted since). msg is returned as is
+// when it already says so; otherwise a shallow copy (Headers and Body are
+// shared and must not be modified either).
+func withAttempt(msg *broker.Message, rec attemptRecord) *broker.Message {
+	want := max(msg.Attempt, 1, rec.attempts+1)
+	if rec.dead {
+		want = max(rec.attempts, 1)
+	}
+	if want == msg.Attempt {
+		return msg
+	}
+	c := *msg
+	c.Attempt = want
+	return &c
+}
 
 // errDatabase marks a failure to begin the transaction or to insert the
 // dedup row for a reason that is not the message's: the worker holds the
@@ -445,11 +511,11 @@ func (w *Worker) handle(runCtx, ctx context.Context, d broker.Delivery) {
 func (w *Worker) handleExtended(runCtx, ctx context.Context, d broker.Delivery, ext *extender) {
 	msg := d.Message()
 	start := time.Now()
-	dup, err := w.process(ctx, msg)
+	res := w.process(ctx, msg)
 	// While the database is unavailable the message is not at fault: hold
 	// the delivery and try again, without spending an attempt.
-	for backoff := 100 * time.Millisecond; err != nil && errors.Is(err, errDatabase); backoff = min(2*backoff, 5*time.Second) {
-		w.log.Error("worker: database unavailable; holding the message and trying again", "message_id", msg.ID, "err", err, "retry_in", backoff)
+	for backoff := 100 * time.Millisecond; res.err != nil && errors.Is(res.err, errDatabase); backoff = min(2*backoff, 5*time.Second) {
+		w.log.Error("worker: database unavailable; holding the message and trying again", "message_id", msg.ID, "err", res.err, "retry_in", backoff)
 		select {
 		case <-runCtx.Done():
 			ext.stop()
@@ -458,65 +524,95 @@ func (w *Worker) handleExtended(runCtx, ctx context.Context, d broker.Delivery, 
 		case <-time.After(backoff):
 		}
 		start = time.Now()
-		dup, err = w.process(ctx, msg)
+		res = w.process(ctx, msg)
 	}
 	dur := time.Since(start)
 	ext.stop()
 
 	switch {
-	case dup:
+	case res.dup:
 		w.ack(ctx, d, msg, OutcomeDuplicate, dur)
-	case err == nil:
-		w.ack(ctx, d, msg, OutcomeAck, dur)
+	case res.rec.dead:
+		w.deadAgain(ctx, d, res.msg, res.rec, dur)
+	case res.err == nil:
+		w.ack(ctx, d, res.msg, OutcomeAck, dur)
 	case ctx.Err() != nil:
 		// Shutdown timeout expired: leave the delivery unsettled so the
 		// broker redelivers it without spending an attempt.
-		w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", msg.ID, "err", err)
+		w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", msg.ID, "err", res.err)
 	default:
-		w.settle(ctx, d, msg, err, dur, false)
+		w.settle(ctx, d, res.msg, res.err, dur, false)
 	}
 }
 
-// process runs the dedup insert, the handler and the commit in one
-// transaction. dup reports a message already processed by this consumer.
-func (w *Worker) process(ctx context.Context, msg *broker.Message) (dup bool, err error) {
+// processResult is what process found and did.
+type processResult struct {
+	dup bool            // the consumer processed the message before
+	rec attemptRecord   // the message's attempt record
+	msg *broker.Message // the message as the handler saw it (Attempt from rec)
+	err error           // the handler's error, or why it did not run
+}
+
+// process runs the dedup insert (reading the attempt record), the handler
+// and the commit in one transaction. A message whose record says "dead"
+// is not handled: the transaction is rolled back and res.rec.dead is set.
+func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processResult) {
+	res.msg = msg
 	tx, err := w.cfg.Pool.Begin(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return false, ctx.Err()
+			res.err = ctx.Err()
+			return res
 		}
-		return false, fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+		res.err = fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+		return res
 	}
-	tag, err := tx.Exec(ctx, dedupSQL, w.cfg.Consumer, msg.ID)
+	var inserted bool
+	err = tx.QueryRow(ctx, dedupSQL, w.cfg.Consumer, msg.ID).Scan(&inserted, &res.rec.attempts, &res.rec.dead, &res.rec.lastError)
 	if err != nil {
 		w.rollback(ctx, tx)
 		var pgErr *pgconn.PgError
 		switch {
 		case ctx.Err() != nil:
-			return false, ctx.Err()
+			res.err = ctx.Err()
 		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
 			// Data exception: the message ID itself is unusable (e.g. not
 			// valid UTF-8); retrying cannot help.
-			return false, Permanent(fmt.Errorf("worker: message ID %q: insert into %s: %w", msg.ID, DedupTable, err))
+			res.err = Permanent(fmt.Errorf("worker: message ID %q: insert into %s: %w", msg.ID, DedupTable, err))
 		default:
 			// Connection lost, table missing (migrations not run), ...:
 			// not the message's fault.
-			return false, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
+			res.err = fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
 		}
+		return res
 	}
-	if tag.RowsAffected() == 0 {
+	if !inserted {
 		w.rollback(ctx, tx)
-		return true, nil
+		res.dup = true
+		return res
 	}
-	if err := w.callHandler(ctx, tx, msg); err != nil {
+	res.msg = withAttempt(msg, res.rec)
+	if res.rec.dead {
 		w.rollback(ctx, tx)
-		return false, err
+		return res
+	}
+	if err := w.callHandler(ctx, tx, res.msg); err != nil {
+		w.rollback(ctx, tx)
+		res.err = err
+		return res
+	}
+	if res.rec.attempts > 0 {
+		if _, err := tx.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
+			w.rollback(ctx, tx)
+			res.err = fmt.Errorf("worker: delete from %s: %w", AttemptsTable, err)
+			return res
+		}
 	}
 	if err := commit(ctx, tx); err != nil {
 		w.rollback(ctx, tx)
-		return false, fmt.Errorf("worker: commit: %w", err)
+		res.err = fmt.Errorf("worker: commit: %w", err)
 	}
-	return false, nil
+	return res
 }
 
 // commit commits tx on a context detached from ctx's cancellation: once a
@@ -562,8 +658,10 @@ func (w *Worker) ack(ctx context.Context, d broker.Delivery, msg *broker.Message
 	w.outcome(msg, o, dur)
 }
 
-// settle decides between retry and DLQ for a failed attempt, runs
-// OnFailure, and settles the delivery.
+// settle decides between retry and DLQ for a failed attempt, records the
+// attempt in AttemptsTable (in its own transaction), runs OnFailure, and
+// settles the delivery. When the broker refuses the settlement the outcome
+// is OutcomeUnsettled and the record decides what the redelivery is.
 func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, herr error, dur time.Duration, dead bool) {
 	var delay time.Duration
 	if !dead && !IsPermanent(herr) {
@@ -586,6 +684,15 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
+	recorded := false
+	if msg.ID != "" {
+		if err := w.recordAttempt(sctx, msg, reason, dead); err != nil {
+			w.log.Error("worker: could not record the failed attempt; if the settlement fails too, the redelivery's attempt number is the broker's",
+				"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		} else {
+			recorded = true
+		}
+	}
 	if w.cfg.OnFailure != nil {
 		if err := w.onFailure(sctx, msg, herr, dead); err != nil {
 			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", dead, "err", err)
@@ -594,16 +701,68 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 	if dead {
 		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", reason)
 		if err := d.DeadLetter(sctx, reason); err != nil {
-			w.log.Error("worker: dead-letter failed; the broker will redeliver the message", "message_id", msg.ID, "err", err)
+			then := "the broker will redeliver it and the worker will dead-letter the redelivery without running the handler"
+			if !recorded {
+				then = "the broker will redeliver it"
+			}
+			w.log.Warn("worker: dead-letter not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+			w.outcome(msg, OutcomeUnsettled, dur)
+			return
+		}
+		if recorded {
+			w.clearAttempts(sctx, msg)
 		}
 		w.outcome(msg, OutcomeDead, dur)
 		return
 	}
 	w.log.Info("worker: message will be retried", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "delay", delay, "reason", reason)
 	if err := d.Retry(sctx, delay, reason); err != nil {
-		w.log.Error("worker: retry failed; the broker will redeliver the message", "message_id", msg.ID, "err", err)
+		then := fmt.Sprintf("the broker will redeliver it, without the delay, and the worker will handle the redelivery as attempt %d", msg.Attempt+1)
+		if !recorded {
+			then = "the broker will redeliver it"
+		}
+		w.log.Warn("worker: retry not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		w.outcome(msg, OutcomeUnsettled, dur)
+		return
 	}
 	w.outcome(msg, OutcomeRetry, dur)
+}
+
+// deadAgain dead-letters a redelivery of a message whose DLQ was decided
+// by an earlier attempt, whose DeadLetter the broker did not take; the
+// handler does not run again. msg.Attempt is that last attempt.
+func (w *Worker) deadAgain(ctx context.Context, d broker.Delivery, msg *broker.Message, rec attemptRecord, dur time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	w.log.Warn("worker: redelivery of a message already bound for the DLQ; dead-lettering it without running the handler",
+		"message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", rec.lastError)
+	if err := d.DeadLetter(sctx, rec.lastError); err != nil {
+		w.log.Warn("worker: dead-letter not settled: the broker will redeliver it and the worker will try again",
+			"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		w.outcome(msg, OutcomeUnsettled, dur)
+		return
+	}
+	w.clearAttempts(sctx, msg)
+	w.outcome(msg, OutcomeDead, dur)
+}
+
+// recordAttempt writes the failed attempt msg.Attempt into AttemptsTable,
+// in its own transaction.
+func (w *Worker) recordAttempt(ctx context.Context, msg *broker.Message, reason string, dead bool) error {
+	reason = strings.ReplaceAll(reason, "\x00", "") // PostgreSQL text holds no NUL
+	if _, err := w.cfg.Pool.Exec(ctx, recordAttemptSQL, w.cfg.Consumer, msg.ID, max(msg.Attempt, 1), reason, dead); err != nil {
+		return fmt.Errorf("worker: insert into %s: %w", AttemptsTable, err)
+	}
+	return nil
+}
+
+// clearAttempts deletes the attempt record of a message the DLQ took, so
+// a replay from the DLQ starts again at attempt 1.
+func (w *Worker) clearAttempts(ctx context.Context, msg *broker.Message) {
+	if _, err := w.cfg.Pool.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
+		w.log.Warn("worker: could not delete the attempt record of a dead-lettered message; a replay of it from the DLQ will be dead-lettered at once",
+			"message_id", msg.ID, "table", AttemptsTable, "err", err)
+	}
 }
 
 // onFailure runs OnFailure in its own transaction.

@@ -67,6 +67,8 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("AlreadyProcessedIsDuplicate", func(t *testing.T) { testAlreadyProcessed(t, s) })
 	t.Run("ManyMessagesEachOnce", func(t *testing.T) { testMany(t, s) })
 	t.Run("RetriesThenDeadLetter", func(t *testing.T) { testRetriesThenDLQ(t, s) })
+	t.Run("LostSettlementsKeepAttempts", func(t *testing.T) { testLostSettlements(t, s) })
+	t.Run("AttemptRecordClearedOnSuccess", func(t *testing.T) { testAttemptRecordClearedOnSuccess(t, s) })
 	t.Run("PermanentGoesToDLQAtOnce", func(t *testing.T) { testPermanent(t, s) })
 	t.Run("TwoConsumersEachOnce", func(t *testing.T) { testTwoConsumers(t, s) })
 	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, s) })

@@ -184,5 +184,13 @@
 // nil. Handlers still running at the timeout get their ctx cancelled; their
 // transactions roll back and their deliveries are left unsettled, so the
 // broker redelivers them to the next worker (without spending an attempt,
-// except on brokers whose Capabilities.CountsRedeliveries is true).
+// except on brokers whose Capabilities.CountsRedeliveries is true). Run
+// waits at most ShutdownGrace (2 s) for the cancelled handlers and then
+// returns even when some still run (a handler that ignores its ctx, or
+// one waiting for an SMTP server's answer to a mail): Run returns at most
+// ShutdownTimeout + ShutdownGrace after its ctx was cancelled, which is
+// what a process supervisor's grace period must allow for. The handlers
+// left running hold their database connection until they return; the
+// process that exits then drops it, and PostgreSQL rolls their
+// transactions back.
 package worker

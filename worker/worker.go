@@ -99,6 +99,15 @@ const (
 	DefaultAckDeadline = 30 * time.Second
 	// DefaultShutdownTimeout is Config.ShutdownTimeout when 0.
 	DefaultShutdownTimeout = 30 * time.Second
+	// ShutdownGrace is how long Run waits, once Config.ShutdownTimeout
+	// expired and the handlers' ctx was cancelled, for the handlers to
+	// return and for the settlements of those that finished. Then Run
+	// returns even if some still run (a handler that ignores its ctx, an
+	// SMTP server answering the end of a mail's data): their deliveries
+	// are unsettled and come back when the broker connection closes. So
+	// Run returns at most ShutdownTimeout + ShutdownGrace after its ctx
+	// was cancelled.
+	ShutdownGrace = 2 * time.Second
 	// DefaultBatchSize is Config.BatchSize when 0: one delivery per
 	// transaction.
 	DefaultBatchSize = 1
@@ -247,8 +256,9 @@ type Config struct {
 	// Delays when Topology is set, else 30 s.
 	Policy RetryPolicy
 	// ShutdownTimeout is how long Run waits, after its ctx is cancelled, for
-	// the in-flight handlers to finish before cancelling their ctx.
-	// Defaults to DefaultShutdownTimeout (30 s).
+	// the in-flight handlers to finish before cancelling their ctx; Run
+	// returns at most ShutdownGrace (2 s) later. Defaults to
+	// DefaultShutdownTimeout (30 s).
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -387,7 +397,9 @@ func New(cfg Config) (*Worker, error) {
 // is cancelled it stops receiving, waits up to ShutdownTimeout for the
 // in-flight handlers (their ctx stays alive meanwhile), then cancels the
 // handlers still running — their deliveries are left unsettled, so the
-// broker redelivers them — and returns nil. It returns an error when
+// broker redelivers them — waits at most ShutdownGrace more for them, and
+// returns nil: at most ShutdownTimeout + ShutdownGrace after ctx was
+// cancelled. It returns an error when
 // Declare or Subscribe fail with ctx still alive, or when the broker is
 // closed under it (wrapping broker.ErrClosed); ErrAlreadyRunning when
 // another Run of this Worker is active.
@@ -456,8 +468,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		hcancel()
 		select {
 		case <-done:
-		case <-time.After(settleTimeout):
-			w.log.Error("worker: handlers ignore their cancelled context; returning while they still run")
+		case <-time.After(ShutdownGrace):
+			w.log.Error("worker: handlers still running after their context was cancelled; returning without them, their messages will be redelivered",
+				"shutdown_grace", ShutdownGrace)
 		}
 	}
 	w.log.Info("worker: stopped")

@@ -51,11 +51,13 @@ func parseEvent(msg *broker.Message) (int64, error) {
 // succeeded and the handler returned nil; once the SMTP server has
 // accepted the mail nothing but the worker's COMMIT remains.
 //
-// The send honours ctx: when ctx is done (a worker shutting down) the
-// SMTP dialogue is cut and an error wrapping ctx's error is returned,
-// except while the server is deciding on a mail it has received in full;
-// then the handler waits for the answer (at most Config.SMTPDataTimeout),
-// so an accepted mail is reported as sent (nil) even though ctx is done.
+// The send honours ctx: when ctx is done (a worker whose shutdown timeout
+// expired) the SMTP dialogue is cut and an error wrapping ctx's error is
+// returned, except while the server is deciding on a mail it has received
+// in full; then the handler waits for the answer (at most
+// Config.SMTPDataTimeout, or until the worker gives up on it after
+// worker.ShutdownGrace and the process exits), so an accepted mail is
+// reported as sent (nil) even though ctx is done.
 // When that answer does not come (a timeout, a cut connection) the server
 // may have the mail: the error wraps ErrDeliveryUnknown and stays
 // retryable, so a retry may send a second copy with the same Message-ID.

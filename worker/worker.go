@@ -712,7 +712,7 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 		}
 	}
 	if dead {
-		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", reason)
+		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "reason", reason)
 		if err := d.DeadLetter(sctx, reason); err != nil {
 			then := "the broker will redeliver it and the worker will dead-letter the redelivery without running the handler"
 			if !recorded {
@@ -728,7 +728,7 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 		w.outcome(msg, OutcomeDead, dur)
 		return
 	}
-	w.log.Info("worker: message will be retried", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "delay", delay, "reason", reason)
+	w.log.Info("worker: message will be retried", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "delay", delay, "reason", reason)
 	if err := d.Retry(sctx, delay, reason); err != nil {
 		then := fmt.Sprintf("the broker will redeliver it, without the delay, and the worker will handle the redelivery as attempt %d", msg.Attempt+1)
 		if !recorded {

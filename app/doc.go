@@ -79,6 +79,13 @@
 // --shutdown-timeout above the mail server's usual answer time keeps that
 // rare.
 //
+// An SMTP 5xx answer at any step of the dialogue — the greeting, EHLO
+// and HELO, MAIL, RCPT, the end of the data — is permanent (RFC 5321
+// section 4.2.1): the message goes to the DLQ at once and the
+// notification becomes dead. A 4xx answer (421 at the greeting: service
+// not available) and network errors are retried under the worker's
+// policy.
+//
 // Commands get Config.SMTPTimeout (10 s), but the reply to the end of the
 // data gets Config.SMTPDataTimeout (10 minutes, RFC 5321 section
 // 4.5.3.2.6): a server may scan the mail before it answers, and giving up

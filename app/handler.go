@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +65,9 @@ func parseEvent(msg *broker.Message) (int64, error) {
 //
 // A payload that does not parse, or names no notification, is
 // worker.Permanent (straight to the DLQ). An SMTP 5xx answer is permanent
-// too; other SMTP and network errors are returned for a retry.
+// too, at any step of the dialogue (greeting, EHLO/HELO, MAIL, RCPT, end
+// of data); other SMTP and network errors, 4xx answers included, are
+// returned for a retry.
 //
 // Delivery is at least once: if the transaction fails to commit after the
 // SMTP server took the mail (a crash, a lost database connection), the
@@ -102,13 +105,26 @@ func (a *App) HandleNotification(ctx context.Context, tx pgx.Tx, msg *broker.Mes
 		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
 	}
 	if err := a.send(ctx, id, createdAt, to, subject, body); err != nil {
-		var se *mail.SendError
-		if errors.As(err, &se) && se.ErrorCode() >= 500 && se.ErrorCode() < 600 {
+		if smtpPermanent(err) {
 			return worker.Permanent(err)
 		}
 		return err
 	}
 	return nil
+}
+
+// smtpPermanent reports whether err carries an SMTP 5xx reply, wherever in
+// the dialogue it came: the greeting, EHLO/HELO, MAIL, RCPT or the end of
+// the data. RFC 5321 section 4.2.1: a 5yz reply is a permanent negative
+// completion, the same request will not succeed; a 4xx (421 at the
+// greeting: service not available) is transient.
+func smtpPermanent(err error) bool {
+	var se *mail.SendError
+	if errors.As(err, &se) && se.ErrorCode() >= 500 && se.ErrorCode() < 600 {
+		return true
+	}
+	var te *textproto.Error
+	return errors.As(err, &te) && te.Code >= 500 && te.Code < 600
 }
 
 // MessageID returns the Message-ID (without angle brackets) of the mail of

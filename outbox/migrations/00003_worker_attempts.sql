@@ -1,3 +1,4 @@
+-- Version 3 (version 2 is the relay's per-key order index).
 -- The workers' attempt record: how many attempts of a message failed for a
 -- consumer, kept in the database so that the count survives a settlement
 -- the broker never received (a closed channel, a lost connection, an

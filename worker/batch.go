@@ -20,11 +20,8 @@ import (
 // batchSavepoint, released (merged into the transaction) before the next
 // message's savepoint is set in the same round trip.
 const (
-	batchDedupSQL = `WITH ins AS (
-	INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id
-)
-SELECT ins.message_id, coalesce(a.attempts, 0), coalesce(a.dead, false), coalesce(a.last_error, '')
-FROM ins LEFT JOIN worker_attempts a ON a.consumer = $1 AND a.message_id = ins.message_id`
+	batchDedupSQL      = `INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
+	batchAttemptsSQL   = `SELECT message_id, attempts, dead, last_error FROM worker_attempts WHERE consumer = $1 AND message_id = ANY($2::text[])`
 	batchUndedupSQL    = `DELETE FROM processed_messages WHERE consumer = $1 AND message_id = $2`
 	batchSavepoint     = `SAVEPOINT ferry_worker_msg`
 	batchNextSavepoint = `RELEASE SAVEPOINT ferry_worker_msg; SAVEPOINT ferry_worker_msg`
@@ -76,6 +73,7 @@ type batchItem struct {
 	state batchState
 	rec   attemptRecord // the attempt record, when the state is not batchDuplicate
 	err   error         // the handler's error when state is batchFailed
+	fail  *failure      // the failed attempt, recorded before the commit
 }
 
 // handleBatch processes deliveries in one transaction and settles each
@@ -86,7 +84,7 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 	for _, d := range ds {
 		msg := d.Message()
 		if msg.ID == "" {
-			w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
+			w.settle(ctx, d, msg, w.fail(ctx, msg, ErrNoMessageID, true), 0)
 			continue
 		}
 		items = append(items, &batchItem{d: d, msg: msg})
@@ -141,7 +139,11 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 					w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", it.msg.ID, "err", it.err)
 					continue
 				}
-				w.settle(ctx, it.d, it.msg, it.err, dur, false)
+				f := it.fail
+				if f == nil {
+					f = w.fail(ctx, it.msg, it.err, false)
+				}
+				w.settle(ctx, it.d, it.msg, f, dur)
 			}
 		}
 	case ctx.Err() != nil:
@@ -165,7 +167,7 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 // again), errBatch (handle each message alone) or is ctx's error.
 func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	for _, it := range items {
-		it.state, it.err, it.rec, it.msg = batchPending, nil, attemptRecord{}, it.d.Message()
+		it.state, it.err, it.rec, it.msg, it.fail = batchPending, nil, attemptRecord{}, it.d.Message(), nil
 	}
 	tx, err := w.cfg.Pool.Begin(ctx)
 	if err != nil {
@@ -218,6 +220,11 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 		savepoint = true
 		if err := w.callHandler(ctx, tx, it.msg); err != nil {
 			it.state, it.err = batchFailed, err
+			if ctx.Err() == nil {
+				// Recorded before the commit releases the dedup row a
+				// redelivered copy may be waiting for (see process).
+				it.fail = w.fail(ctx, it.msg, err, false)
+			}
 			// Undo the handler's writes and the message's dedup row, so
 			// the retry is handled like a first delivery.
 			if _, err := tx.Exec(ctx, batchRollbackTo); err != nil {
@@ -242,18 +249,36 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 }
 
 // insertDedup inserts (Consumer, id) for each of ids and returns the ids
-// inserted, i.e. not processed before, with their attempt records.
+// inserted, i.e. not processed before, with their attempt records. The
+// records are read by a second statement in the same round trip, for the
+// reason given at attemptSQL.
 func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]attemptRecord, error) {
-	rows, _ := tx.Query(ctx, batchDedupSQL, w.cfg.Consumer, ids)
+	b := &pgx.Batch{}
+	b.Queue(batchDedupSQL, w.cfg.Consumer, ids)
+	b.Queue(batchAttemptsSQL, w.cfg.Consumer, ids)
+	br := tx.SendBatch(ctx, b)
 	inserted := make(map[string]attemptRecord, len(ids))
-	var (
-		id  string
-		rec attemptRecord
-	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.dead, &rec.lastError}, func() error {
-		inserted[id] = rec
-		return nil
-	})
+	rows, _ := br.Query()
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err == nil {
+		for _, id := range got {
+			inserted[id] = attemptRecord{}
+		}
+		var (
+			id  string
+			rec attemptRecord
+		)
+		rows, _ = br.Query()
+		_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.dead, &rec.lastError}, func() error {
+			if _, ok := inserted[id]; ok {
+				inserted[id] = rec
+			}
+			return nil
+		})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		switch {

@@ -132,7 +132,8 @@ func closeConnections(t *testing.T, prefix string) error {
 // real consumer_timeout (lowered to 3 s at run time, with the channel tick
 // that checks it lowered to 1 s; both restored afterwards); the later ones
 // lose their channel by a connection closed through the management API,
-// to keep the test fast.
+// to keep the test fast. With two handlers the redelivered copy races the
+// attempt it replaces, as in production.
 func TestWorkerRabbitMQConsumerTimeout(t *testing.T) {
 	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
 	t.Cleanup(rabbitEnv(t, "consumer_timeout"))
@@ -179,7 +180,11 @@ func TestWorkerRabbitMQConsumerTimeout(t *testing.T) {
 	}
 	w, err := worker.New(worker.Config{
 		Consumer: "ct", Queue: queue, Pool: pool, Broker: b, Handler: handler, Topology: topo,
-		Concurrency: 1,
+		// Two handlers: the copy RabbitMQ redelivers when it closes the
+		// channel reaches the second while the first attempt still runs, and
+		// waits on its dedup row; it must see the attempt the first one
+		// records before rolling back.
+		Concurrency: 2,
 		Policy:      worker.BackoffPolicy{MaxAttempts: 3, Delays: []time.Duration{150 * time.Millisecond}},
 		OnOutcome: func(_ *broker.Message, o worker.Outcome, _ time.Duration) {
 			mu.Lock()

@@ -136,13 +136,17 @@ const DedupTable = "processed_messages"
 // migrations create it.
 const AttemptsTable = "worker_attempts"
 
-// dedupSQL inserts the dedup row and reads the message's attempt record in
-// one round trip; the first column is false for a duplicate.
-const dedupSQL = `WITH ins AS (
-	INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+// dedupSQL inserts the dedup row; zero rows inserted means a duplicate.
+// attemptSQL, sent in the same round trip (pipelined) as a statement of
+// its own, reads the message's attempt record. It must be a separate
+// statement: when the insert waited for a concurrent copy of the message
+// to roll back (a redelivery racing the failed attempt it replaces), only
+// a statement started after the wait sees the attempt that copy recorded
+// just before its rollback.
+const (
+	dedupSQL   = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+	attemptSQL = `SELECT attempts, dead, last_error FROM worker_attempts WHERE consumer = $1 AND message_id = $2`
 )
-SELECT EXISTS (SELECT 1 FROM ins), coalesce(a.attempts, 0), coalesce(a.dead, false), coalesce(a.last_error, '')
-FROM (VALUES (1)) AS one LEFT JOIN worker_attempts a ON a.consumer = $1 AND a.message_id = $2`
 
 // recordAttemptSQL records a failed attempt; it never lowers the count
 // nor clears the dead flag.
@@ -513,7 +517,7 @@ func (w *Worker) loop(loopCtx, hctx context.Context, sub broker.Subscription, se
 func (w *Worker) handle(runCtx, ctx context.Context, d broker.Delivery) {
 	msg := d.Message()
 	if msg.ID == "" {
-		w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
+		w.settle(ctx, d, msg, w.fail(ctx, msg, ErrNoMessageID, true), 0)
 		return
 	}
 	w.handleExtended(runCtx, ctx, d, w.startExtender(d))
@@ -554,16 +558,21 @@ func (w *Worker) handleExtended(runCtx, ctx context.Context, d broker.Delivery, 
 		// broker redelivers it without spending an attempt.
 		w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", msg.ID, "err", res.err)
 	default:
-		w.settle(ctx, d, res.msg, res.err, dur, false)
+		f := res.fail
+		if f == nil {
+			f = w.fail(ctx, res.msg, res.err, false)
+		}
+		w.settle(ctx, d, res.msg, f, dur)
 	}
 }
 
 // processResult is what process found and did.
 type processResult struct {
-	dup bool            // the consumer processed the message before
-	rec attemptRecord   // the message's attempt record
-	msg *broker.Message // the message as the handler saw it (Attempt from rec)
-	err error           // the handler's error, or why it did not run
+	dup  bool            // the consumer processed the message before
+	rec  attemptRecord   // the message's attempt record
+	msg  *broker.Message // the message as the handler saw it (Attempt from rec)
+	err  error           // the handler's error, or why it did not run
+	fail *failure        // the failed attempt, decided and recorded; nil if not yet
 }
 
 // process runs the dedup insert (reading the attempt record), the handler
@@ -580,8 +589,7 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 		res.err = fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
 		return res
 	}
-	var inserted bool
-	err = tx.QueryRow(ctx, dedupSQL, w.cfg.Consumer, msg.ID).Scan(&inserted, &res.rec.attempts, &res.rec.dead, &res.rec.lastError)
+	inserted, err := w.dedup(ctx, tx, msg.ID, &res.rec)
 	if err != nil {
 		w.rollback(ctx, tx)
 		var pgErr *pgconn.PgError
@@ -610,6 +618,11 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 		return res
 	}
 	if err := w.callHandler(ctx, tx, res.msg); err != nil {
+		if ctx.Err() == nil {
+			// Record the failed attempt before the rollback releases the
+			// dedup row a redelivered copy may be waiting for.
+			res.fail = w.fail(ctx, res.msg, err, false)
+		}
 		w.rollback(ctx, tx)
 		res.err = err
 		return res
@@ -626,6 +639,29 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 		res.err = fmt.Errorf("worker: commit: %w", err)
 	}
 	return res
+}
+
+// dedup inserts the dedup row of id and, in the same round trip, reads
+// its attempt record into rec. inserted is false for a duplicate.
+func (w *Worker) dedup(ctx context.Context, tx pgx.Tx, id string, rec *attemptRecord) (inserted bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(dedupSQL, w.cfg.Consumer, id)
+	b.Queue(attemptSQL, w.cfg.Consumer, id)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&rec.attempts, &rec.dead, &rec.lastError)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // commit commits tx on a context detached from ctx's cancellation: once a
@@ -671,67 +707,84 @@ func (w *Worker) ack(ctx context.Context, d broker.Delivery, msg *broker.Message
 	w.outcome(msg, o, dur)
 }
 
-// settle decides between retry and DLQ for a failed attempt, records the
-// attempt in AttemptsTable (in its own transaction), runs OnFailure, and
-// settles the delivery. When the broker refuses the settlement the outcome
-// is OutcomeUnsettled and the record decides what the redelivery is.
-func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, herr error, dur time.Duration, dead bool) {
-	var delay time.Duration
-	if !dead && !IsPermanent(herr) {
+// failure is a failed attempt: the decision between retry and DLQ, and
+// whether it is in AttemptsTable.
+type failure struct {
+	err      error         // the handler's error
+	dead     bool          // to the DLQ
+	delay    time.Duration // before the retry, when not dead
+	reason   string        // HeaderLastError
+	recorded bool          // written to AttemptsTable
+}
+
+// fail decides between retry and DLQ for the failed attempt msg.Attempt
+// (dead forces the DLQ) and records it in AttemptsTable in its own
+// transaction, before anything else happens to the delivery.
+func (w *Worker) fail(ctx context.Context, msg *broker.Message, herr error, dead bool) *failure {
+	f := &failure{err: herr, dead: dead}
+	if !f.dead && !IsPermanent(herr) {
 		attempt := max(msg.Attempt, 1)
 		var retry bool
-		delay, retry = w.policy.NextRetry(attempt, herr)
-		dead = !retry
+		f.delay, retry = w.policy.NextRetry(attempt, herr)
+		f.dead = !retry
 		var ra *RetryAfterError
 		if retry && errors.As(herr, &ra) && ra.Delay > 0 {
-			delay = ra.Delay
+			f.delay = ra.Delay
 		}
-		if w.caps.MaxDelay > 0 && delay > w.caps.MaxDelay {
-			delay = w.caps.MaxDelay
+		if w.caps.MaxDelay > 0 && f.delay > w.caps.MaxDelay {
+			f.delay = w.caps.MaxDelay
 		}
-		delay = max(delay, 0)
+		f.delay = max(f.delay, 0)
 	} else {
-		dead = true
+		f.dead = true
 	}
-	reason := broker.TruncateReason(herr.Error())
-
+	f.reason = broker.TruncateReason(herr.Error())
+	if msg.ID == "" {
+		return f
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	recorded := false
-	if msg.ID != "" {
-		if err := w.recordAttempt(sctx, msg, reason, dead); err != nil {
-			w.log.Error("worker: could not record the failed attempt; if the settlement fails too, the redelivery's attempt number is the broker's",
-				"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
-		} else {
-			recorded = true
-		}
+	if err := w.recordAttempt(sctx, msg, f.reason, f.dead); err != nil {
+		w.log.Error("worker: could not record the failed attempt; if the settlement fails too, the redelivery's attempt number is the broker's",
+			"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+	} else {
+		f.recorded = true
 	}
+	return f
+}
+
+// settle runs OnFailure for the failed attempt f and settles the delivery
+// as f decided. When the broker refuses the settlement the outcome is
+// OutcomeUnsettled and the attempt record decides what the redelivery is.
+func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, f *failure, dur time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
 	if w.cfg.OnFailure != nil {
-		if err := w.onFailure(sctx, msg, herr, dead); err != nil {
-			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", dead, "err", err)
+		if err := w.onFailure(sctx, msg, f.err, f.dead); err != nil {
+			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", f.dead, "err", err)
 		}
 	}
-	if dead {
-		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "reason", reason)
-		if err := d.DeadLetter(sctx, reason); err != nil {
+	if f.dead {
+		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "reason", f.reason)
+		if err := d.DeadLetter(sctx, f.reason); err != nil {
 			then := "the broker will redeliver it and the worker will dead-letter the redelivery without running the handler"
-			if !recorded {
+			if !f.recorded {
 				then = "the broker will redeliver it"
 			}
 			w.log.Warn("worker: dead-letter not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
 			w.outcome(msg, OutcomeUnsettled, dur)
 			return
 		}
-		if recorded {
+		if f.recorded {
 			w.clearAttempts(sctx, msg)
 		}
 		w.outcome(msg, OutcomeDead, dur)
 		return
 	}
-	w.log.Info("worker: message will be retried", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "delay", delay, "reason", reason)
-	if err := d.Retry(sctx, delay, reason); err != nil {
+	w.log.Info("worker: message will be retried", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "delay", f.delay, "reason", f.reason)
+	if err := d.Retry(sctx, f.delay, f.reason); err != nil {
 		then := fmt.Sprintf("the broker will redeliver it, without the delay, and the worker will handle the redelivery as attempt %d", msg.Attempt+1)
-		if !recorded {
+		if !f.recorded {
 			then = "the broker will redeliver it"
 		}
 		w.log.Warn("worker: retry not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)

@@ -73,8 +73,10 @@
 // migrations) holds, per (Consumer, Message.ID), the number of the last
 // failed attempt, its error, and whether the DLQ was decided. After each
 // failed attempt the worker writes that row in its own transaction —
-// before OnFailure and before it calls Retry or DeadLetter — and the
-// dedup insert of every delivery reads it in the same round trip. The
+// before the attempt's transaction rolls back (so a redelivered copy
+// waiting on the dedup row sees it), before OnFailure, and before Retry or
+// DeadLetter — and every delivery reads it with the dedup insert, as a
+// second statement in the same round trip. The
 // attempt a handler sees (Message.Attempt) is the larger of the broker's
 // count (HeaderRetryCount + 1, or the redelivery count on brokers with
 // Capabilities.CountsRedeliveries) and the record's last failed attempt

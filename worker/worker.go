@@ -33,9 +33,11 @@ type Handler func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error
 // FailureFunc is called in its own transaction tx after a failed attempt,
 // before the message is retried (dead=false) or dead-lettered (dead=true);
 // err is the handler's error. The application records the failure there
-// (e.g. marks a notification "failed"). It may be called more than once for
-// one attempt (when settling the delivery failed and the broker redelivered
-// it), so it must be idempotent. When it fails the error is logged and the
+// (e.g. marks a notification "failed"). msg.Attempt is the attempt that
+// failed, counted as the package doc's "Attempts and lost settlements"
+// says, so a redelivery after a lost settlement is the next attempt; it
+// may still be called twice for one attempt when the attempt record could
+// not be written (database trouble), so it must be idempotent. When it fails the error is logged and the
 // message is retried or dead-lettered all the same.
 type FailureFunc func(ctx context.Context, tx pgx.Tx, msg *broker.Message, err error, dead bool) error
 
@@ -270,7 +272,9 @@ type Config struct {
 	// FailureFunc.
 	OnFailure FailureFunc
 	// OnOutcome, when set, is called after each delivery was settled (or
-	// its settlement failed, which is logged), with the outcome and the
+	// its settlement failed, which is logged: OutcomeUnsettled for a failed
+	// Retry or DeadLetter, OutcomeAck for an Ack lost after the commit),
+	// with the outcome (msg.Attempt as the handler saw it) and the
 	// time spent in the transaction (dedup insert, handler and commit; with
 	// BatchSize > 1 the whole batch's transaction, the same for each of its
 	// messages). It

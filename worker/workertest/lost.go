@@ -27,6 +27,8 @@ var errLostSettle = errors.New("workertest: channel closed by the broker (simula
 type lossyBroker struct {
 	broker.Broker
 	failDead *atomic.Int32
+	// failAck makes Ack fail without reaching the broker, and Retry work.
+	failAck bool
 }
 
 func (b *lossyBroker) Subscribe(ctx context.Context, queue string, opts broker.SubscribeOptions) (broker.Subscription, error) {
@@ -55,8 +57,18 @@ type lossyDelivery struct {
 	b *lossyBroker
 }
 
-func (d *lossyDelivery) Retry(context.Context, time.Duration, string) error {
+func (d *lossyDelivery) Retry(ctx context.Context, delay time.Duration, reason string) error {
+	if d.b.failAck {
+		return d.Delivery.Retry(ctx, delay, reason)
+	}
 	return errLostSettle
+}
+
+func (d *lossyDelivery) Ack(ctx context.Context) error {
+	if d.b.failAck {
+		return errLostSettle
+	}
+	return d.Delivery.Ack(ctx)
 }
 
 func (d *lossyDelivery) DeadLetter(ctx context.Context, reason string) error {
@@ -180,4 +192,43 @@ func testAttemptRecordClearedOnSuccess(t *testing.T, s suite) {
 	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM `+worker.AttemptsTable))
 	require.Equal(t, 0, out.count(worker.OutcomeRetry))
 	require.Equal(t, 1, out.count(worker.OutcomeUnsettled))
+}
+
+// testLostAck: the handler succeeded and committed, the Ack was lost. The
+// outcome is still "ack" (the work is done), the redelivery is acked as a
+// duplicate without running the handler, and no attempt record is left.
+func testLostAck(t *testing.T, s suite) {
+	f := setup(t, s, 1)
+	out := newOutcomes()
+	var calls atomic.Int32
+	handler := func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		calls.Add(1)
+		return recordSideEffect(ctx, tx, "lostack", msg)
+	}
+	var failDead atomic.Int32
+	f.publish(t, f.msg("6"))
+	for round, failAck := range []bool{true, false} {
+		b := s.newBroker(t)
+		cfg := f.config("lostack", f.queue, handler)
+		cfg.Broker = &lossyBroker{Broker: b, failDead: &failDead, failAck: failAck}
+		cfg.OnOutcome = out.hook
+		cfg.AckDeadline = 2 * time.Second
+		before := len(out.snapshot())
+		stop := start(t, cfg)
+		deadline := time.Now().Add(waitTimeout)
+		for len(out.snapshot()) == before {
+			require.True(t, time.Now().Before(deadline), "workertest: round %d: no outcome in %v", round+1, waitTimeout)
+			time.Sleep(20 * time.Millisecond)
+		}
+		stop()
+		require.NoError(t, b.Close())
+	}
+	var got []worker.Outcome
+	for _, r := range out.snapshot() {
+		got = append(got, r.outcome)
+	}
+	require.Equal(t, []worker.Outcome{worker.OutcomeAck, worker.OutcomeDuplicate}, got)
+	require.Equal(t, int32(1), calls.Load(), "the redelivery after a lost Ack does not run the handler")
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '6'`))
+	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM `+worker.AttemptsTable))
 }

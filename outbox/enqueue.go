@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // NotifyChannel is the PostgreSQL LISTEN/NOTIFY channel Enqueue notifies in
@@ -37,6 +39,14 @@ type Event struct {
 	// Keys must be non-empty and must not start with "x-", which is
 	// reserved for ferry's own headers. May be nil.
 	Headers map[string]string
+	// DueAt, when not zero, schedules the event: the relay publishes it no
+	// earlier than DueAt, compared with the database server's clock (it
+	// is stored as the row's next_attempt_at). The relay finds a row that
+	// became due on its next poll, so it is published within
+	// RelayConfig.PollInterval (500 ms by default) after DueAt while the
+	// relay and the broker are up (package doc, "Scheduled events"). Zero,
+	// or a time already past, publishes at once. Optional.
+	DueAt time.Time
 }
 
 // Validate reports the first problem with e, naming the field, or nil.
@@ -96,11 +106,50 @@ func validateType(t string) error {
 	return nil
 }
 
-const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers)
-SELECT t, k, p, h
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) WITH ORDINALITY AS e(t, k, p, h, ord)
+const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers, next_attempt_at)
+SELECT t, k, p, h, d
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::timestamptz[]) WITH ORDINALITY AS e(t, k, p, h, d, ord)
 ORDER BY ord
 RETURNING id`
+
+// enqueueArgs are the arrays enqueueSQL inserts, one element per event.
+type enqueueArgs struct {
+	types, keys, headers []string
+	bodies               [][]byte
+	due                  []pgtype.Timestamptz
+	// allLater is true when every event has a DueAt in the future: no
+	// relay can publish them now, so a NOTIFY would only cost the commit.
+	allLater bool
+}
+
+// prepare validates events and builds the arguments of enqueueSQL.
+func prepare(events []Event) (*enqueueArgs, error) {
+	n := len(events)
+	a := &enqueueArgs{types: make([]string, n), keys: make([]string, n), headers: make([]string, n),
+		bodies: make([][]byte, n), due: make([]pgtype.Timestamptz, n), allLater: true}
+	now := time.Now()
+	for i, e := range events {
+		if err := e.validate(i); err != nil {
+			return nil, err
+		}
+		a.types[i], a.keys[i], a.bodies[i] = e.Type, e.Key, e.Body
+		a.headers[i] = "{}"
+		if len(e.Headers) > 0 {
+			b, err := json.Marshal(e.Headers)
+			if err != nil {
+				return nil, fmt.Errorf("%w: events[%d].Headers: %v", ErrInvalidEvent, i, err)
+			}
+			a.headers[i] = string(b)
+		}
+		if !e.DueAt.IsZero() {
+			a.due[i] = pgtype.Timestamptz{Time: e.DueAt, Valid: true}
+		}
+		if !e.DueAt.After(now) {
+			a.allLater = false
+		}
+	}
+	return a, nil
+}
 
 // Enqueue stores events in the outbox inside the caller's transaction tx,
 // so they are published if and only if tx commits, and returns their row
@@ -114,7 +163,8 @@ RETURNING id`
 // invalid one fails the call with an error wrapping ErrInvalidEvent that
 // names it, and nothing is inserted. With no events it does nothing and
 // returns nil, nil. A database error is returned wrapped and leaves tx
-// aborted, as any failed statement does.
+// aborted, as any failed statement does. When every event has a DueAt in
+// the future no NOTIFY is sent: the relay's poll finds them once due.
 func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	if tx == nil {
 		return nil, errors.New("outbox: enqueue: tx is nil")
@@ -125,27 +175,16 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	types := make([]string, len(events))
-	keys := make([]string, len(events))
-	bodies := make([][]byte, len(events))
-	headers := make([]string, len(events))
-	for i, e := range events {
-		if err := e.validate(i); err != nil {
-			return nil, err
-		}
-		types[i], keys[i], bodies[i] = e.Type, e.Key, e.Body
-		headers[i] = "{}"
-		if len(e.Headers) > 0 {
-			b, err := json.Marshal(e.Headers)
-			if err != nil {
-				return nil, fmt.Errorf("%w: events[%d].Headers: %v", ErrInvalidEvent, i, err)
-			}
-			headers[i] = string(b)
-		}
+	a, err := prepare(events)
+	if err != nil {
+		return nil, err
 	}
 	batch := &pgx.Batch{}
-	batch.Queue(enqueueSQL, types, keys, bodies, headers)
-	notify, forget := shouldNotify(tx)
+	batch.Queue(enqueueSQL, a.types, a.keys, a.bodies, a.headers, a.due)
+	notify, forget := false, func() {}
+	if !a.allLater {
+		notify, forget = shouldNotify(tx)
+	}
 	if notify {
 		batch.Queue("SELECT pg_notify($1, '')", NotifyChannel)
 	}

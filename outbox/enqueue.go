@@ -142,7 +142,13 @@ func prepare(events []Event) (*enqueueArgs, error) {
 			a.headers[i] = string(b)
 		}
 		if !e.DueAt.IsZero() {
-			a.due[i] = pgtype.Timestamptz{Time: e.DueAt, Valid: true}
+			// PostgreSQL keeps microseconds and rounds to the nearest
+			// one; round up here so the row is never due before DueAt.
+			d := e.DueAt.Truncate(time.Microsecond)
+			if d.Before(e.DueAt) {
+				d = d.Add(time.Microsecond)
+			}
+			a.due[i] = pgtype.Timestamptz{Time: d, Valid: true}
 		}
 		if !e.DueAt.After(now) {
 			a.allLater = false

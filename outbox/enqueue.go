@@ -44,8 +44,11 @@ type Event struct {
 	// is stored as the row's next_attempt_at). The relay finds a row that
 	// became due on its next poll, so it is published within
 	// RelayConfig.PollInterval (500 ms by default) after DueAt while the
-	// relay and the broker are up (package doc, "Scheduled events"). Zero,
-	// or a time already past, publishes at once. Optional.
+	// relay and the broker are up. Its row's occurred_at (and so the
+	// message's broker.HeaderCreatedAt) is DueAt when that is later than
+	// the transaction's start, and it is counted in Stats.Scheduled, not in
+	// the backlog, until due. Zero, or a time already past, publishes at
+	// once. Optional.
 	DueAt time.Time
 }
 
@@ -106,8 +109,13 @@ func validateType(t string) error {
 	return nil
 }
 
-const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers, next_attempt_at)
-SELECT t, k, p, h, d
+// enqueueSQL sets a scheduled row's next_attempt_at, which the relay's
+// claim honours, and its occurred_at to the due time when that is later
+// than now(): the event "occurs" when it is due, so the backlog statistics,
+// the stuck-outbox alert and the end-to-end latency (broker.HeaderCreatedAt)
+// start counting then, not while it waits as planned.
+const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers, next_attempt_at, occurred_at)
+SELECT t, k, p, h, d, GREATEST(now(), d)
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::timestamptz[]) WITH ORDINALITY AS e(t, k, p, h, d, ord)
 ORDER BY ord
 RETURNING id`

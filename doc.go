@@ -62,12 +62,17 @@
 //     one claim query per interval per relay.
 //   - It survives restarts of the relay, the workers and PostgreSQL: it is
 //     a committed row, and any relay publishes it once due.
-//   - While it waits it costs a row and an entry of the outbox's
-//     unprocessed-rows index: no broker message, no timer, no goroutine, no
-//     connection. No NOTIFY is sent for a transaction whose events are all
-//     due later. Each claim of the relay walks the unprocessed rows in id
-//     order and skips the ones not yet due, so very many waiting rows (tens
-//     of thousands) with ids below the due ones make each claim slower.
+//   - While it waits it costs a row and its index entries: no broker
+//     message, no timer, no goroutine, no connection, and no NOTIFY for a
+//     transaction whose events are all due later. Two partial indexes let
+//     the relay's claim find the due rows without reading the waiting ones
+//     (package outbox, "Scheduled events": 12 ms per claim with 100,000
+//     waiting rows without them, 0.1 ms with them; BenchmarkWaitingRows
+//     prints the relay's publish latency with 0 and 100,000 waiting rows).
+//   - It is not backlog: outbox.Stats counts it as Scheduled until due,
+//     so the stuck-outbox alert ignores a planned wait, and its
+//     occurred_at (the message's broker.HeaderCreatedAt, from which the
+//     worker's end-to-end latency is measured) is its due time.
 //   - A scheduled event with a Key keeps only the order the relay and the
 //     broker give (package outbox, "Order"): the relay publishes the other
 //     events of the same Key without waiting for it; it takes its place

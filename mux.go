@@ -138,6 +138,9 @@ func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 // returns worker.Permanent of an error wrapping ErrNoHandler that names
 // the type and the registered patterns.
 func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+	if msg == nil {
+		return worker.Permanent(fmt.Errorf("%w: nil message", ErrNoHandler))
+	}
 	h, _ := m.Handler(msg.Type)
 	if h == nil {
 		return worker.Permanent(fmt.Errorf("%w %q (message %s; this worker handles: %s)",

@@ -33,6 +33,11 @@ type invoiceSent struct {
 func TestMuxOnEveryBroker(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, name string) {
 		bu := setup(t, name, "order.*", "invoice.sent", "refund.#")
+		if !bu.b.Capabilities().Wildcards {
+			// The mux matches its patterns all the same; only the
+			// queue's bindings must name the types.
+			bu.topo.Queues[0].Bindings = []string{"order.placed", "order.cancelled", "invoice.sent", "refund.issued"}
+		}
 		ctx := bu.ctx
 		_, err := bu.pool.Exec(ctx, `CREATE TABLE handled (handler TEXT, message_id TEXT, value TEXT)`)
 		require.NoError(t, err)

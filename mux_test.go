@@ -137,10 +137,3 @@ func TestNewEvent(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, e.DueAt.IsZero(), "DueIn(0) is now")
 }
-
-func TestNewRefusesBadConfig(t *testing.T) {
-	t.Parallel()
-	_, err := ferry.New(ferry.Config{})
-	require.ErrorIs(t, err, ferry.ErrInvalidConfig)
-	require.Contains(t, err.Error(), "Config.Pool")
-}

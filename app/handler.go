@@ -194,9 +194,15 @@ func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subje
 // when dead is true (the message goes to the DLQ) the notification becomes
 // StatusDead, unless it was already sent. It is idempotent as the worker
 // requires: a repeated call for the same message ID and msg.Attempt counts
-// once. A payload that does not parse names no row, so nothing is updated
-// and nil is returned (the worker dead-letters the message itself).
+// once. A message of another type, or a payload that does not parse,
+// names no row, so nothing is updated and nil is returned (the worker
+// dead-letters the message itself).
 func (a *App) OnFailure(ctx context.Context, tx pgx.Tx, msg *broker.Message, cause error, dead bool) error {
+	if msg == nil || msg.Type != EventNotificationRequested {
+		// The mux found no handler for it (ferry.ErrNoHandler): its body
+		// names no notification of ours, whatever it looks like.
+		return nil
+	}
 	ev, err := ferry.Decode[RequestedEvent](msg)
 	if err != nil {
 		a.log.Warn("app: failure of an unparseable message", "error", err)

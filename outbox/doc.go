@@ -13,6 +13,10 @@
 //	       processed_at TIMESTAMPTZ, attempts INT, last_error TEXT,
 //	       next_attempt_at TIMESTAMPTZ)
 //	outbox_unprocessed_idx ON outbox(id) WHERE processed_at IS NULL
+//	outbox_ready_idx ON outbox(id)
+//	       WHERE processed_at IS NULL AND next_attempt_at IS NULL
+//	outbox_waiting_idx ON outbox(next_attempt_at)
+//	       WHERE processed_at IS NULL AND next_attempt_at IS NOT NULL
 //	processed_messages(consumer TEXT, message_id TEXT, processed_at TIMESTAMPTZ,
 //	       PRIMARY KEY (consumer, message_id))
 //
@@ -84,7 +88,8 @@
 //
 // # Latency
 //
-// Enqueue sends NOTIFY ferry_outbox in the caller's transaction; PostgreSQL
+// Enqueue sends NOTIFY ferry_outbox in the caller's transaction (unless
+// all its events are scheduled for later, see "Scheduled events"); PostgreSQL
 // delivers it on commit, and the relay, which LISTENs on a dedicated
 // connection, claims the new rows at once (an idle relay publishes a new
 // row within about a millisecond plus the broker's confirm).

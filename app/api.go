@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
-	"github.com/ferrymq/ferry/outbox"
 )
 
 // RequestedEvent is the JSON body of an EventNotificationRequested event.
@@ -221,12 +221,12 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 		return nil, a.dbErr("insert notification", err)
 	}
 	idS := strconv.FormatInt(id, 10)
-	body, _ := json.Marshal(RequestedEvent{NotificationID: idS, UserID: req.UserID, Channel: req.Channel})
-	ev := outbox.Event{Type: EventNotificationRequested, Key: req.UserID, Body: body, AppID: idS}
+	opts := []ferry.EnqueueOption{ferry.WithKey(req.UserID), ferry.WithAppID(idS)}
 	if traceparentRE.MatchString(traceparent) {
-		ev.Headers = map[string]string{broker.HeaderTraceparent: traceparent}
+		opts = append(opts, ferry.WithHeader(broker.HeaderTraceparent, traceparent))
 	}
-	if _, err := outbox.Enqueue(ctx, tx, ev); err != nil {
+	if _, err := ferry.Enqueue(ctx, tx, EventNotificationRequested,
+		RequestedEvent{NotificationID: idS, UserID: req.UserID, Channel: req.Channel}, opts...); err != nil {
 		return nil, a.dbErr("enqueue outbox event", err)
 	}
 	if a.cfg.DebugFailAfterOutbox {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	mail "github.com/wneessen/go-mail"
 
+	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
 )
 
@@ -188,6 +189,8 @@ type App struct {
 	// lastUnready is the last reason /readyz gave (a string; "" when
 	// ready), to log each change once.
 	lastUnready atomic.Value
+	// mux routes the worker's messages to the typed handlers.
+	mux *ferry.Mux
 }
 
 // New checks cfg, applies the defaults and returns the service. It does
@@ -212,13 +215,17 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: SMTP client: %v", ErrConfig, err)
 	}
-	return &App{
+	a := &App{
 		cfg:        cfg,
 		pool:       cfg.Pool,
 		log:        cfg.Logger,
 		mail:       mc,
 		fromDomain: cfg.SMTPFrom[strings.LastIndexByte(cfg.SMTPFrom, '@')+1:],
-	}, nil
+	}
+	if a.mux, err = a.newMux(); err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
 // Topology returns what the service needs declared: exchange Config.Exchange

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/outbox"
@@ -23,8 +24,8 @@ var connectBroker = func(ctx context.Context) (broker.Broker, error) {
 }
 
 // Example wires the notification service: migrations, the HTTP API, and
-// the worker that sends the mail. The outbox relay (outbox.NewRelay) runs
-// beside them, publishing what the API commits.
+// a ferry pipeline running the outbox relay, which publishes what the API
+// commits, and the worker that sends the mail through the service's mux.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://ferry:ferry@127.0.0.1:5432/ferry")
@@ -46,23 +47,25 @@ func Example() {
 	// The API process.
 	go func() { log.Fatal(http.ListenAndServe("127.0.0.1:8080", svc.Handler())) }()
 
-	// The worker process.
+	// The relay and the worker.
 	b, err := connectBroker(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer b.Close()
-	w, err := worker.New(worker.Config{
-		Consumer:  "notifications",
-		Queue:     svc.Queue(),
-		Pool:      pool,
-		Broker:    b,
-		Topology:  svc.Topology([]time.Duration{time.Second, 10 * time.Second, time.Minute}),
-		Handler:   svc.HandleNotification,
-		OnFailure: svc.OnFailure,
+	p, err := ferry.New(ferry.Config{
+		Pool:     pool,
+		Broker:   b,
+		Topology: svc.Topology([]time.Duration{time.Second, 10 * time.Second, time.Minute}),
+		Relay:    &outbox.RelayConfig{},
+		Workers: []worker.Config{{
+			Queue:     svc.Queue(),
+			Handler:   svc.Mux().HandleMessage, // the same as svc.HandleNotification
+			OnFailure: svc.OnFailure,
+		}},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	log.Fatal(w.Run(ctx))
+	log.Fatal(p.Run(ctx))
 }

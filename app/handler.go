@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/textproto"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	mail "github.com/wneessen/go-mail"
 
+	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/worker"
 )
@@ -26,22 +26,39 @@ var (
 	_ worker.FailureFunc = (*App)(nil).OnFailure
 )
 
-// parseEvent decodes an EventNotificationRequested body and returns the
-// notification id.
-func parseEvent(msg *broker.Message) (int64, error) {
-	if msg == nil {
-		return 0, errors.New("app: nil message")
+// Validate reports a RequestedEvent that names no notification: its
+// NotificationID must be a positive decimal integer. ferry.Decode calls it,
+// so such an event is dead-lettered at once (ferry.ErrUndecodable).
+func (e RequestedEvent) Validate() error {
+	if _, err := e.id(); err != nil {
+		return err
 	}
-	var ev RequestedEvent
-	if err := json.Unmarshal(msg.Body, &ev); err != nil {
-		return 0, fmt.Errorf("app: message %s: payload is not a %s event: %w", msg.ID, EventNotificationRequested, err)
-	}
-	id, err := strconv.ParseInt(ev.NotificationID, 10, 64)
+	return nil
+}
+
+// id returns the notification id the event names.
+func (e RequestedEvent) id() (int64, error) {
+	id, err := strconv.ParseInt(e.NotificationID, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("app: message %s: notification_id %q is not a positive decimal integer", msg.ID, clip(ev.NotificationID))
+		return 0, fmt.Errorf("notification_id %q is not a positive decimal integer", clip(e.NotificationID))
 	}
 	return id, nil
 }
+
+// newMux returns the service's handlers: EventNotificationRequested, its
+// JSON body decoded into a RequestedEvent, handled by handleRequested.
+func (a *App) newMux() (*ferry.Mux, error) {
+	m := ferry.NewMux()
+	if err := ferry.Handle(m, EventNotificationRequested, a.handleRequested); err != nil {
+		return nil, fmt.Errorf("app: %w", err)
+	}
+	return m, nil
+}
+
+// Mux returns the service's handler mux: the routes of the notification
+// queue (EventNotificationRequested). HandleNotification is its
+// HandleMessage.
+func (a *App) Mux() *ferry.Mux { return a.mux }
 
 // HandleNotification is the worker.Handler for EventNotificationRequested,
 // run inside the worker's deduplication transaction tx. It locks the
@@ -63,8 +80,11 @@ func parseEvent(msg *broker.Message) (int64, error) {
 // may have the mail: the error wraps ErrDeliveryUnknown and stays
 // retryable, so a retry may send a second copy with the same Message-ID.
 //
-// A payload that does not parse, or names no notification, is
-// worker.Permanent (straight to the DLQ). An SMTP 5xx answer is permanent
+// It routes through the service's Mux: a message of another type is
+// dead-lettered at once (ferry.ErrNoHandler), and a payload that does not
+// decode into a RequestedEvent, or names no positive notification id, too
+// (ferry.ErrUndecodable); a notification id with no row is
+// worker.Permanent as well (ErrNotFound). An SMTP 5xx answer is permanent
 // too, at any step of the dialogue (greeting, EHLO/HELO, MAIL, RCPT, end
 // of data); other SMTP and network errors, 4xx answers included, are
 // returned for a retry.
@@ -75,8 +95,15 @@ func parseEvent(msg *broker.Message) (int64, error) {
 // from the notification id and creation time) and the
 // X-Ferry-Notification-Id header, so duplicates are detectable.
 func (a *App) HandleNotification(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
-	id, err := parseEvent(msg)
-	if err != nil {
+	return a.mux.HandleMessage(ctx, tx, msg)
+}
+
+// handleRequested handles one decoded EventNotificationRequested; see
+// HandleNotification.
+func (a *App) handleRequested(ctx context.Context, tx pgx.Tx, job *ferry.Job[RequestedEvent]) error {
+	msg := job.Message
+	id, err := job.Args.id()
+	if err != nil { // Validate already refused it
 		return worker.Permanent(err)
 	}
 	var to, subject, body, status string
@@ -185,14 +212,21 @@ func (a *App) send(ctx context.Context, id int64, createdAt time.Time, to, subje
 // when dead is true (the message goes to the DLQ) the notification becomes
 // StatusDead, unless it was already sent. It is idempotent as the worker
 // requires: a repeated call for the same message ID and msg.Attempt counts
-// once. A payload that does not parse names no row, so nothing is updated
-// and nil is returned (the worker dead-letters the message itself).
+// once. A message of another type, or a payload that does not parse,
+// names no row, so nothing is updated and nil is returned (the worker
+// dead-letters the message itself).
 func (a *App) OnFailure(ctx context.Context, tx pgx.Tx, msg *broker.Message, cause error, dead bool) error {
-	id, err := parseEvent(msg)
+	if msg == nil || msg.Type != EventNotificationRequested {
+		// The mux found no handler for it (ferry.ErrNoHandler): its body
+		// names no notification of ours, whatever it looks like.
+		return nil
+	}
+	ev, err := ferry.Decode[RequestedEvent](msg)
 	if err != nil {
 		a.log.Warn("app: failure of an unparseable message", "error", err)
 		return nil
 	}
+	id, _ := ev.id() // Decode ran Validate
 	reason := "unknown error"
 	if cause != nil {
 		reason = cause.Error()

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -205,6 +206,18 @@ func TestOnFailureRetryThenDead(t *testing.T) {
 	// A message that names no notification changes nothing and is no error.
 	bad := &broker.Message{ID: "9", Type: app.EventNotificationRequested, Body: []byte("{")}
 	require.NoError(t, b.inTx(func(tx pgx.Tx) error { return b.app.OnFailure(ctx, tx, bad, errors.New("x"), true) }))
+	// Nor does a message of another type whose body happens to name it
+	// (the mux dead-letters it for want of a handler).
+	_, err = b.pool.Exec(ctx, `UPDATE notifications SET status = 'pending' WHERE id = $1::bigint`, id)
+	require.NoError(t, err)
+	other := &broker.Message{ID: "10", Type: "notification.other", Body: []byte(`{"notification_id":"` + id + `"}`)}
+	herr := b.inTx(func(tx pgx.Tx) error { return b.app.HandleNotification(ctx, tx, other) })
+	require.ErrorIs(t, herr, ferry.ErrNoHandler)
+	require.True(t, worker.IsPermanent(herr))
+	require.NoError(t, b.inTx(func(tx pgx.Tx) error { return b.app.OnFailure(ctx, tx, other, herr, true) }))
+	n, err = b.app.Status(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, app.StatusPending, n.Status)
 }
 
 func TestHandleNotificationErrors(t *testing.T) {

@@ -27,7 +27,8 @@ const (
 	// HeaderDeadAt carries the time the message was moved to the DLQ,
 	// RFC 3339 with nanoseconds, UTC.
 	HeaderDeadAt = "x-dead-at"
-	// HeaderCreatedAt carries the commit time of the outbox row, RFC 3339 with
+	// HeaderCreatedAt carries the commit time of the outbox row (for a
+	// scheduled event, its due time when later), RFC 3339 with
 	// nanoseconds, UTC; the worker measures create-to-handled latency from it.
 	HeaderCreatedAt = "x-created-at"
 	// HeaderTraceparent carries the W3C Trace Context traceparent

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/ferrymq/ferry/broker"
 )
@@ -46,6 +48,17 @@ type Event struct {
 	// Optional; at most MaxAppIDBytes bytes of valid UTF-8 without control
 	// characters.
 	AppID string
+	// DueAt, when not zero, schedules the event: the relay publishes it no
+	// earlier than DueAt, compared with the database server's clock (it
+	// is stored as the row's next_attempt_at). The relay finds a row that
+	// became due on its next poll, so it is published within
+	// RelayConfig.PollInterval (500 ms by default) after DueAt while the
+	// relay and the broker are up. Its row's occurred_at (and so the
+	// message's broker.HeaderCreatedAt) is DueAt when that is later than
+	// the transaction's start, and it is counted in Stats.Scheduled, not in
+	// the backlog, until due. Zero, or a time already past, publishes at
+	// once. Optional.
+	DueAt time.Time
 }
 
 // MaxAppIDBytes bounds Event.AppID (bytes).
@@ -120,45 +133,39 @@ func validateType(t string) error {
 	return nil
 }
 
-const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers)
-SELECT t, k, p, h
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) WITH ORDINALITY AS e(t, k, p, h, ord)
+// enqueueSQL sets a scheduled row's next_attempt_at, which the relay's
+// claim honours, and its occurred_at to the due time when that is later
+// than now(): the event "occurs" when it is due, so the backlog statistics,
+// the stuck-outbox alert and the end-to-end latency (broker.HeaderCreatedAt)
+// start counting then, not while it waits as planned.
+const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers, next_attempt_at, occurred_at)
+SELECT t, k, p, h, d, GREATEST(now(), d)
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::timestamptz[]) WITH ORDINALITY AS e(t, k, p, h, d, ord)
 ORDER BY ord
 RETURNING id`
 
-// Enqueue stores events in the outbox inside the caller's transaction tx,
-// so they are published if and only if tx commits, and returns their row
-// ids (the broker.Message.ID the relay publishes them under, as decimal
-// strings) in the order of events. All events are inserted by one
-// statement, and the same transaction sends a NOTIFY on NotifyChannel that
-// wakes the relays when it commits, unless another Enqueue of this process
-// on the same database did so less than the notify window ago
-// (SetNotifyWindow, default 2 ms; see the package documentation,
-// "Latency", for what a row without its own NOTIFY waits). Every event is validated first; an
-// invalid one fails the call with an error wrapping ErrInvalidEvent that
-// names it, and nothing is inserted. With no events it does nothing and
-// returns nil, nil. A database error is returned wrapped and leaves tx
-// aborted, as any failed statement does.
-func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
-	if tx == nil {
-		return nil, errors.New("outbox: enqueue: tx is nil")
-	}
-	if len(events) == 0 {
-		return nil, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	types := make([]string, len(events))
-	keys := make([]string, len(events))
-	bodies := make([][]byte, len(events))
-	headers := make([]string, len(events))
+// enqueueArgs are the arrays enqueueSQL inserts, one element per event.
+type enqueueArgs struct {
+	types, keys, headers []string
+	bodies               [][]byte
+	due                  []pgtype.Timestamptz
+	// allLater is true when every event has a DueAt in the future: no
+	// relay can publish them now, so a NOTIFY would only cost the commit.
+	allLater bool
+}
+
+// prepare validates events and builds the arguments of enqueueSQL.
+func prepare(events []Event) (*enqueueArgs, error) {
+	n := len(events)
+	a := &enqueueArgs{types: make([]string, n), keys: make([]string, n), headers: make([]string, n),
+		bodies: make([][]byte, n), due: make([]pgtype.Timestamptz, n), allLater: true}
+	now := time.Now()
 	for i, e := range events {
 		if err := e.validate(i); err != nil {
 			return nil, err
 		}
-		types[i], keys[i], bodies[i] = e.Type, e.Key, e.Body
-		headers[i] = "{}"
+		a.types[i], a.keys[i], a.bodies[i] = e.Type, e.Key, e.Body
+		a.headers[i] = "{}"
 		h := e.Headers
 		if e.AppID != "" {
 			h = make(map[string]string, len(e.Headers)+1)
@@ -172,12 +179,58 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: events[%d].Headers: %v", ErrInvalidEvent, i, err)
 			}
-			headers[i] = string(b)
+			a.headers[i] = string(b)
+		}
+		if !e.DueAt.IsZero() {
+			// PostgreSQL keeps microseconds and rounds to the nearest
+			// one; round up here so the row is never due before DueAt.
+			d := e.DueAt.Truncate(time.Microsecond)
+			if d.Before(e.DueAt) {
+				d = d.Add(time.Microsecond)
+			}
+			a.due[i] = pgtype.Timestamptz{Time: d, Valid: true}
+		}
+		if !e.DueAt.After(now) {
+			a.allLater = false
 		}
 	}
+	return a, nil
+}
+
+// Enqueue stores events in the outbox inside the caller's transaction tx,
+// so they are published if and only if tx commits, and returns their row
+// ids (the broker.Message.ID the relay publishes them under, as decimal
+// strings) in the order of events. All events are inserted by one
+// statement, and the same transaction sends a NOTIFY on NotifyChannel that
+// wakes the relays when it commits, unless another Enqueue of this process
+// on the same database did so less than the notify window ago
+// (SetNotifyWindow, default 2 ms; see the package documentation,
+// "Latency", for what a row without its own NOTIFY waits). Every event is validated first; an
+// invalid one fails the call with an error wrapping ErrInvalidEvent that
+// names it, and nothing is inserted. With no events it does nothing and
+// returns nil, nil. A database error is returned wrapped and leaves tx
+// aborted, as any failed statement does. When every event has a DueAt in
+// the future no NOTIFY is sent: the relay's poll finds them once due.
+func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
+	if tx == nil {
+		return nil, errors.New("outbox: enqueue: tx is nil")
+	}
+	if len(events) == 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	a, err := prepare(events)
+	if err != nil {
+		return nil, err
+	}
 	batch := &pgx.Batch{}
-	batch.Queue(enqueueSQL, types, keys, bodies, headers)
-	notify, forget := shouldNotify(tx)
+	batch.Queue(enqueueSQL, a.types, a.keys, a.bodies, a.headers, a.due)
+	notify, forget := false, func() {}
+	if !a.allLater {
+		notify, forget = shouldNotify(tx)
+	}
 	if notify {
 		batch.Queue("SELECT pg_notify($1, '')", NotifyChannel)
 	}

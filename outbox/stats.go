@@ -16,13 +16,18 @@ const MaxParkedRows = 20
 // Stats is a snapshot of the outbox, for `ferry outbox stats`, metrics and
 // the backlog alert.
 type Stats struct {
-	// Unprocessed is the number of rows not yet published (parked rows
-	// included).
+	// Unprocessed is the number of rows due and not yet published (parked
+	// rows included; scheduled rows not yet due are in Scheduled instead).
 	Unprocessed int64
 	// OldestUnprocessedAge is how long ago the oldest unprocessed row was
-	// enqueued (by the database clock; the oldest among the 1000 lowest
-	// unprocessed ids); 0 when there is none.
+	// enqueued, or became due for a scheduled row (by the database clock;
+	// the oldest among the 1000 lowest unprocessed ids); 0 when there is
+	// none.
 	OldestUnprocessedAge time.Duration
+	// Scheduled is the number of rows enqueued with a DueAt still in the
+	// future (Event.DueAt): they wait as planned, and are neither backlog
+	// nor parked.
+	Scheduled int64
 	// ProcessedLastMinute is the number of rows marked processed in the
 	// last minute.
 	ProcessedLastMinute int64
@@ -53,10 +58,13 @@ type ParkedRow struct {
 	NextAttemptAt time.Time
 }
 
+// statsSQL: a scheduled row not yet due has occurred_at (its DueAt) in
+// the future (enqueueSQL).
 const statsSQL = `SELECT
-	(SELECT count(*) FROM outbox WHERE processed_at IS NULL),
+	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND occurred_at <= now()),
 	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)) * 1000, 0)::bigint
-	   FROM (SELECT occurred_at FROM outbox WHERE processed_at IS NULL ORDER BY id LIMIT 1000) o),
+	   FROM (SELECT occurred_at FROM outbox WHERE processed_at IS NULL AND occurred_at <= now() ORDER BY id LIMIT 1000) o),
+	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND occurred_at > now() AND attempts = 0),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 minute'),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 hour'),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND attempts > 0)`
@@ -79,7 +87,7 @@ func ReadStats(ctx context.Context, pool *pgxpool.Pool) (Stats, error) {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}
 	var ageMS int64
-	if err := pool.QueryRow(ctx, statsSQL).Scan(&s.Unprocessed, &ageMS, &s.ProcessedLastMinute, &s.ProcessedLastHour, &s.Parked); err != nil {
+	if err := pool.QueryRow(ctx, statsSQL).Scan(&s.Unprocessed, &ageMS, &s.Scheduled, &s.ProcessedLastMinute, &s.ProcessedLastHour, &s.Parked); err != nil {
 		return Stats{}, wrap(err)
 	}
 	s.OldestUnprocessedAge = max(time.Duration(ageMS)*time.Millisecond, 0)

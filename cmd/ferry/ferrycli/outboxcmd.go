@@ -28,6 +28,7 @@ func outboxCommand() *cli.Command {
 type statsJSON struct {
 	Unprocessed             int64        `json:"unprocessed"`
 	OldestUnprocessedAgeSec float64      `json:"oldest_unprocessed_age_seconds"`
+	Scheduled               int64        `json:"scheduled"`
 	ProcessedLastMinute     int64        `json:"processed_last_minute"`
 	ProcessedLastHour       int64        `json:"processed_last_hour"`
 	Parked                  int64        `json:"parked"`
@@ -70,6 +71,7 @@ func outboxStats(c *cli.Context) error {
 	if format == "json" {
 		j := statsJSON{
 			Unprocessed: stats.Unprocessed, OldestUnprocessedAgeSec: stats.OldestUnprocessedAge.Seconds(),
+			Scheduled:           stats.Scheduled,
 			ProcessedLastMinute: stats.ProcessedLastMinute, ProcessedLastHour: stats.ProcessedLastHour,
 			Parked: stats.Parked, ParkedRows: []parkedJSON{},
 		}
@@ -83,6 +85,7 @@ func outboxStats(c *cli.Context) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "unprocessed\t%d\n", stats.Unprocessed)
 	fmt.Fprintf(tw, "oldest unprocessed age\t%s\n", stats.OldestUnprocessedAge.Round(time.Millisecond))
+	fmt.Fprintf(tw, "scheduled (not yet due)\t%d\n", stats.Scheduled)
 	fmt.Fprintf(tw, "processed last minute\t%d\n", stats.ProcessedLastMinute)
 	fmt.Fprintf(tw, "processed last hour\t%d\n", stats.ProcessedLastHour)
 	fmt.Fprintf(tw, "parked (publication failed)\t%d\n", stats.Parked)

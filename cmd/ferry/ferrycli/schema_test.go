@@ -2,6 +2,7 @@ package ferrycli_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ func TestRolesRefuseDatabaseWithoutSchema(t *testing.T) {
 	rabbit := []string{"--broker", "rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
 		"--exchange", testenv.UniqueName("schema-ex"), "--queue", testenv.UniqueName("schema-q"),
 		"--metrics-addr", "127.0.0.1:0"} // not the default ports other processes may hold
-	const want = `ferry: the database has no ferry schema (outbox migration version 0 of 3): run "ferry migrate" first`
+	want := `ferry: the database has no ferry schema (outbox migration version 0 of ` + latestOutboxVersion(t, db) + `): run "ferry migrate" first`
 	for _, role := range [][]string{
 		{"api", "--addr", "127.0.0.1:0"},
 		{"relay"},
@@ -65,4 +66,18 @@ func TestRolesRefuseDatabaseWithoutSchema(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	code, errOut = runFor(t, 3*time.Second, append([]string{"api", "--database-url", db, "--addr", "127.0.0.1:0"}, rabbit...)...)
 	require.Equal(t, 0, code, "the api runs until stopped: %s", errOut)
+}
+
+// latestOutboxVersion is the number of the outbox's last migration, as the
+// "no ferry schema" error names it, read through the database db.
+func latestOutboxVersion(t *testing.T, db string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, db)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, latest, err := outbox.MigrationVersion(ctx, pool)
+	require.NoError(t, err)
+	return strconv.FormatInt(latest, 10)
 }

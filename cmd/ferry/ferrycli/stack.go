@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/outbox"
@@ -290,21 +291,25 @@ func (st *stack) runRelay(ctx context.Context) error {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
-	r, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool:             st.pool,
-		Broker:           st.obs.relayBroker(b),
-		OnBatch:          st.obs.onBatch(),
-		BatchSize:        st.s.batchSize,
-		PollInterval:     st.s.pollInterval,
-		Retention:        st.s.retention,
-		RedeliveryWindow: st.s.retryWindow,
-		Logger:           st.log.With("component", "relay"),
+	p, err := ferry.New(ferry.Config{
+		Pool:            st.pool,
+		Broker:          st.obs.relayBroker(b),
+		Topology:        st.topology(),
+		MaxMessageBytes: app.MaxEventBytes,
+		Relay: &outbox.RelayConfig{
+			OnBatch:          st.obs.onBatch(),
+			BatchSize:        st.s.batchSize,
+			PollInterval:     st.s.pollInterval,
+			Retention:        st.s.retention,
+			RedeliveryWindow: st.s.retryWindow,
+		},
+		Logger: st.log,
 	})
 	if err != nil {
 		return err
 	}
 	st.log.Info("relay running", "broker", st.s.broker)
-	return r.Run(ctx)
+	return p.Run(ctx)
 }
 
 // runWorker consumes the notification queue until ctx is done; it waits
@@ -318,26 +323,28 @@ func (st *stack) runWorker(ctx context.Context) error {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
-	w, err := worker.New(worker.Config{
-		Consumer:        st.app.Queue(),
-		Queue:           st.app.Queue(),
+	p, err := ferry.New(ferry.Config{
 		Pool:            st.pool,
 		Broker:          b,
-		Handler:         st.obs.workerHandler(st.app.HandleNotification),
 		Topology:        st.topology(),
-		Concurrency:     st.s.concurrency,
-		Prefetch:        st.s.prefetch,
-		Policy:          worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays},
-		ShutdownTimeout: st.s.shutdownTimeout,
-		Logger:          st.log.With("component", "worker"),
-		OnFailure:       st.app.OnFailure,
-		OnOutcome:       st.obs.onOutcome(st.onOutcome),
+		MaxMessageBytes: app.MaxEventBytes,
+		Workers: []worker.Config{{
+			Queue:           st.app.Queue(),
+			Handler:         st.obs.workerHandler(st.app.HandleNotification),
+			Concurrency:     st.s.concurrency,
+			Prefetch:        st.s.prefetch,
+			Policy:          worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays},
+			ShutdownTimeout: st.s.shutdownTimeout,
+			OnFailure:       st.app.OnFailure,
+			OnOutcome:       st.obs.onOutcome(st.onOutcome),
+		}},
+		Logger: st.log,
 	})
 	if err != nil {
 		return err
 	}
 	st.log.Info("worker running", "broker", st.s.broker, "queue", st.app.Queue())
-	return w.Run(ctx)
+	return p.Run(ctx)
 }
 
 func (st *stack) brokerOptions(component string) BrokerOptions {

@@ -1,0 +1,110 @@
+package ferry
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferrymq/ferry/outbox"
+)
+
+// EnqueueOption sets an optional field of the event Enqueue stores.
+type EnqueueOption func(*outbox.Event)
+
+// WithKey sets the event's ordering (partition) key, e.g. a user id
+// (outbox.Event.Key, broker.Message.Key).
+func WithKey(key string) EnqueueOption { return func(e *outbox.Event) { e.Key = key } }
+
+// WithAppID sets outbox.Event.AppID: the application's own id of what the
+// event is about (e.g. an order id), carried as broker.HeaderAppID so
+// "ferry dlq list" shows it and finds the message by it (--app-id). At
+// most outbox.MaxAppIDBytes bytes.
+func WithAppID(id string) EnqueueOption { return func(e *outbox.Event) { e.AppID = id } }
+
+// WithHeader adds a header carried with the message, e.g.
+// broker.HeaderTraceparent. Keys starting with "x-" are reserved for ferry
+// and make Enqueue fail (outbox.ErrInvalidEvent).
+func WithHeader(key, value string) EnqueueOption {
+	return func(e *outbox.Event) {
+		if e.Headers == nil {
+			e.Headers = map[string]string{}
+		}
+		e.Headers[key] = value
+	}
+}
+
+// DueAt schedules the event: the relay publishes it no earlier than t
+// (outbox.Event.DueAt), and within the relay's PollInterval (500 ms by
+// default) after t while the relay and the broker are up. A time already
+// past publishes at once. The model is asynq's ProcessAt and River's
+// ScheduledAt.
+func DueAt(t time.Time) EnqueueOption { return func(e *outbox.Event) { e.DueAt = t } }
+
+// DueIn schedules the event d after the call (DueAt(time.Now().Add(d))),
+// like asynq's ProcessIn. Non-positive d publishes at once.
+func DueIn(d time.Duration) EnqueueOption {
+	if d <= 0 {
+		return func(*outbox.Event) {}
+	}
+	return DueAt(time.Now().Add(d))
+}
+
+// NewEvent encodes args as JSON into an outbox.Event of type eventType
+// with opts applied, for callers that enqueue several events in one call
+// (outbox.Enqueue(ctx, tx, e1, e2)). The error wraps
+// outbox.ErrInvalidEvent when args does not encode or the event is
+// invalid (outbox.Event.Validate names the field).
+func NewEvent[T any](eventType string, args T, opts ...EnqueueOption) (outbox.Event, error) {
+	body, err := json.Marshal(args)
+	if err != nil {
+		return outbox.Event{}, fmt.Errorf("%w: %s: encoding %s as JSON: %v", outbox.ErrInvalidEvent, eventType, typeName[T](), err)
+	}
+	e := outbox.Event{Type: eventType, Body: body}
+	for _, o := range opts {
+		o(&e)
+	}
+	e.Headers = maps.Clone(e.Headers)
+	if err := e.Validate(); err != nil {
+		return outbox.Event{}, err
+	}
+	return e, nil
+}
+
+// Enqueue encodes args as JSON and stores it in the outbox as an event of
+// type eventType inside the caller's transaction tx (outbox.Enqueue): it
+// is published if and only if tx commits, no earlier than its DueAt
+// option. It returns the outbox row id, which is the message's
+// broker.Message.ID. Errors are those of NewEvent and outbox.Enqueue (a
+// database error leaves tx aborted). The consuming side is Handle with
+// the same T.
+func Enqueue[T any](ctx context.Context, tx pgx.Tx, eventType string, args T, opts ...EnqueueOption) (int64, error) {
+	e, err := NewEvent(eventType, args, opts...)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := outbox.Enqueue(ctx, tx, e)
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// EnqueueSQL is Enqueue for database/sql users: tx must come from a
+// *sql.DB of the pgx driver (github.com/jackc/pgx/v5/stdlib, registered
+// as "pgx"); see outbox.EnqueueSQL.
+func EnqueueSQL[T any](ctx context.Context, tx *sql.Tx, eventType string, args T, opts ...EnqueueOption) (int64, error) {
+	e, err := NewEvent(eventType, args, opts...)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := outbox.EnqueueSQL(ctx, tx, e)
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}

@@ -220,9 +220,9 @@ type Relay struct {
 	pauseUntil  time.Time     // no claim before this while unavailable
 	probing     bool          // a loop is trying again during an outage
 	gate        chan struct{} // closed (and replaced) when the outage state changes
-	active      int  // claim loops between a wake-up and going idle again
-	waiting     int  // active loops waiting (BatchDelay, RecheckDelay) to claim again
-	dirty       bool // a wake-up was set aside for the active loops
+	active      int           // claim loops between a wake-up and going idle again
+	waiting     int           // active loops waiting (BatchDelay, RecheckDelay) to claim again
+	dirty       bool          // a wake-up was set aside for the active loops
 }
 
 // NewRelay checks cfg, applies the defaults and returns a relay. Errors

@@ -521,7 +521,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			// Another active loop claims again later (dirty makes sure of
 			// it); one loop is enough for what is left.
 			active = false
-		case res.claimed > 0:
+		case res.claimed > 0 || res.deferred:
 			// Let the rows being committed now gather into the next batch.
 			rechecked = false
 			if r.cfg.BatchDelay > 0 && !r.wait(ctx, r.cfg.BatchDelay, false) {
@@ -791,6 +791,7 @@ type batchResult struct {
 	err                        error
 	outage                     bool // the broker or the database as a whole failed
 	dbFault                    bool // the outage is the database's
+	deferred                   bool // rows were claimed but left for the next batch (dropOvertaken)
 	fatal                      bool // the broker is closed
 }
 
@@ -929,6 +930,14 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	if err := br.Close(); err != nil {
 		return dbErr("claim", err)
 	}
+	if len(msgs) > 0 {
+		n := len(msgs)
+		var err error
+		if msgs, ids, attempts, err = dropOvertaken(ctx, c, msgs, ids, attempts); err != nil {
+			return dbErr("claim", err)
+		}
+		res.deferred = len(msgs) < n
+	}
 	res.claimed = len(msgs)
 	if len(msgs) == 0 {
 		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
@@ -1024,6 +1033,62 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		}
 	}
 	return res
+}
+
+// overtakenSQL returns the keys among $1 (with the lowest id claimed for
+// each in $2) that have a lower unprocessed due row this claim did not
+// get.
+const overtakenSQL = `SELECT b.k FROM unnest($1::text[], $2::bigint[]) AS b(k, first_id)
+WHERE EXISTS (SELECT 1 FROM outbox e
+              WHERE e.partition_key = b.k AND e.processed_at IS NULL AND e.id < b.first_id
+                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))`
+
+// dropOvertaken removes from a claimed batch the rows of every key that
+// still has a lower due row this claim did not get, and returns the rest.
+// The claim walks the rows in id order and takes each key's slot lock as
+// it reaches the key's first row; a claimer that found the slot busy at a
+// key's first row and free at a later one (the holder committed in
+// between) would otherwise publish the later rows first. The removed rows
+// stay locked until the batch commits and are claimed again, in order,
+// by the next claim. Unkeyed rows are never removed.
+func dropOvertaken(ctx context.Context, c *pgxpool.Conn, msgs []*broker.Message, ids []int64, attempts []int) ([]*broker.Message, []int64, []int, error) {
+	first := map[string]int64{}
+	var keys []string
+	var firsts []int64
+	for i, m := range msgs {
+		if m.Key == "" {
+			continue
+		}
+		if _, ok := first[m.Key]; !ok {
+			first[m.Key] = ids[i]
+			keys = append(keys, m.Key)
+			firsts = append(firsts, ids[i])
+		}
+	}
+	if len(keys) == 0 {
+		return msgs, ids, attempts, nil
+	}
+	rows, err := c.Query(ctx, overtakenSQL, keys, firsts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	drop, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(drop) == 0 {
+		return msgs, ids, attempts, err
+	}
+	skip := map[string]bool{}
+	for _, k := range drop {
+		skip[k] = true
+	}
+	n := 0
+	for i, m := range msgs {
+		if m.Key != "" && skip[m.Key] {
+			continue
+		}
+		msgs[n], ids[n], attempts[n] = m, ids[i], attempts[i]
+		n++
+	}
+	return msgs[:n], ids[:n], attempts[:n], nil
 }
 
 // unavailableReason is the last_error of a row the relay could not publish

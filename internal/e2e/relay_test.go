@@ -208,7 +208,7 @@ func TestRelayKeepsPerKeyOrder(t *testing.T) {
 				require.NoError(t, err)
 				defer sub.Close()
 				for range relays {
-					rg.relay(t, outbox.RelayConfig{BatchSize: 20})
+					rg.relay(t, outbox.RelayConfig{BatchSize: 10})
 				}
 
 				var (
@@ -257,7 +257,6 @@ func TestRelayKeepsPerKeyOrder(t *testing.T) {
 							evs[i] = outbox.Event{Type: "rel.order", Key: "hot", Body: []byte("x")}
 						}
 						rg.enqueue(t, evs...)
-						time.Sleep(2 * time.Millisecond)
 					}
 				})
 				total += 500

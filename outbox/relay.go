@@ -74,7 +74,9 @@ type RelayConfig struct {
 	// transaction, 1..MaxBatchSize. Defaults to DefaultBatchSize (100).
 	BatchSize int
 	// Concurrency is the number of claim loops run by one relay, 1..64.
-	// They claim disjoint batches (SKIP LOCKED), so one loop's database work
+	// They claim disjoint batches (SKIP LOCKED; the rows of one partition
+	// key go to one loop at a time, see the package documentation,
+	// "Order"), so one loop's database work
 	// overlaps another's wait for confirms; one loop serves a light load,
 	// and the others join while batches come back full. Defaults to
 	// DefaultConcurrency (4; BenchmarkRelay measured about 0.5 of the raw
@@ -776,9 +778,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // ProcessBatch claims one batch of due rows, publishes it and marks it,
 // once, and returns the number of rows confirmed and marked processed. The
 // error is nil when every claimed row was published (also when there was
-// nothing to publish), a *broker.PublishError when some rows failed (they
-// were recorded with attempts+1 and last_error), or the broker's or
-// database's error. Tests and benchmarks use it to drive the relay by hand;
+// nothing to publish), a *broker.PublishError when some rows failed (those
+// that failed for a reason of their own were recorded with attempts+1,
+// last_error and their backoff; those the broker failed got only
+// last_error "broker unavailable ..."), or the broker's or database's
+// error. It does not pause after an outage: Run does. Tests and benchmarks use it to drive the relay by hand;
 // it may run concurrently with Run and other relays.
 func (r *Relay) ProcessBatch(ctx context.Context) (published int, err error) {
 	res := r.processBatch(ctx)

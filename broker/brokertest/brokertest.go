@@ -16,7 +16,9 @@
 //
 // The suite checks the contract written in package broker's doc comments:
 // idempotent Declare, confirmed Publish with per-message failures
-// (ErrUnroutable, ErrMessageTooLarge), context deadlines, prefetch, retry to
+// (ErrUnroutable, ErrMessageTooLarge, and every refusal of a message's
+// names, lengths or characters a message fault, broker.IsMessageFault),
+// per-key order of SubscribeOptions.Ordered, context deadlines, prefetch, retry to
 // the failing queue only, the DLQ (List, Replay, Purge, also from a broker
 // that did not declare the queue, and ErrUnknownQueue without creating
 // anything for a queue that exists nowhere), settlement rules,

@@ -795,7 +795,7 @@ type batchResult struct {
 	err                        error
 	outage                     bool // the broker or the database as a whole failed
 	dbFault                    bool // the outage is the database's
-	deferred                   bool // rows were claimed but left for the next batch (dropOvertaken)
+	deferred                   bool // rows were claimed but left for the next batch (overtaken, see claimSQL)
 	fatal                      bool // the broker is closed
 }
 
@@ -813,24 +813,47 @@ const (
 )
 
 // claimSQL claims the due rows in id order, skipping the rows other
-// claimers hold (SKIP LOCKED). A keyed row is claimed only together with
-// its key's slot lock, taken (in the CASE, before the row lock) while the
-// index is walked in id order: a key whose slot another transaction holds
-// is skipped as a whole, so no claimer publishes a key's later rows while
-// another still publishes its earlier ones. A row not yet due
+// claimers hold (SKIP LOCKED), among the ids below the lowest due id plus
+// $2 (claimWindow): a claim whose keys are all held by others gives up
+// there instead of walking the whole backlog.
+//
+// A keyed row is claimed only together with its key's slot lock, taken
+// (in the CASE, before the row lock) while the index is walked in id
+// order: a key whose slot another transaction holds is skipped, so no
+// claimer publishes a key's later rows while another still publishes its
+// earlier ones. The slot can be freed during the walk (its holder
+// committed), after the walk passed the key's first rows: the last column
+// (overtaken) is then true for the key's claimed rows, because a lower due
+// row of the key is still unprocessed, and the relay leaves them to the
+// next batch. The statement's snapshot may still show rows the holder has
+// just published as unprocessed; overtaken is then true without need,
+// which only defers the key's rows by one batch. A row not yet due
 // (next_attempt_at in the future) is not claimable and does not hold back
 // the rows behind it.
-var claimSQL = fmt.Sprintf(`SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
-FROM outbox
-WHERE processed_at IS NULL
-  AND CASE
-        WHEN next_attempt_at > now() THEN false
-        WHEN partition_key = '' THEN true
-        ELSE pg_try_advisory_xact_lock(%d, hashtext(partition_key) & %d)
-      END
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED`, keyLockClass, keySlots-1)
+var claimSQL = fmt.Sprintf(`WITH c AS (
+  SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
+  FROM outbox
+  WHERE processed_at IS NULL
+    AND id < COALESCE((SELECT min(w.id) FROM outbox w
+                       WHERE w.processed_at IS NULL AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= now())), 0) + $2
+    AND CASE
+          WHEN next_attempt_at > now() THEN false
+          WHEN partition_key = '' THEN true
+          ELSE pg_try_advisory_xact_lock(%d, hashtext(partition_key) & %d)
+        END
+  ORDER BY id
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+), overtaken AS (
+  SELECT f.k FROM (SELECT partition_key AS k, min(id) AS first_id FROM c WHERE partition_key <> '' GROUP BY partition_key) f
+  WHERE EXISTS (SELECT 1 FROM outbox e
+                WHERE e.partition_key = f.k AND e.processed_at IS NULL AND e.id < f.first_id
+                  AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))
+)
+SELECT c.id, c.event_type, c.partition_key, c.payload, c.headers, c.occurred_at, c.attempts,
+       c.partition_key IN (SELECT k FROM overtaken)
+FROM c
+ORDER BY c.id`, keyLockClass, keySlots-1)
 
 // markSQL marks the confirmed rows: processed_at is the time Publish
 // returned (the broker's last confirm of the batch), as the transaction's
@@ -882,7 +905,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	claim := &pgx.Batch{}
 	began := time.Now() // about when the transaction's now() is taken
 	claim.Queue("BEGIN")
-	claim.Queue(claimSQL, r.cfg.BatchSize)
+	claim.Queue(claimSQL, r.cfg.BatchSize, r.claimWindow())
 	br := c.SendBatch(ctx, claim)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -905,10 +928,17 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 			rawHeaders []byte
 			occurredAt time.Time
 			att        int
+			overtaken  bool
 		)
-		if err := rows.Scan(&id, &m.Type, &m.Key, &m.Body, &rawHeaders, &occurredAt, &att); err != nil {
+		if err := rows.Scan(&id, &m.Type, &m.Key, &m.Body, &rawHeaders, &occurredAt, &att, &overtaken); err != nil {
 			rows.Close()
 			return dbErr("claim", err)
+		}
+		if overtaken {
+			// A lower row of this key is still to publish: leave this one
+			// (locked until the commit) to the next batch.
+			res.deferred = true
+			continue
 		}
 		m.ID = strconv.FormatInt(id, 10)
 		m.Headers = map[string]string{}
@@ -933,14 +963,6 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	}
 	if err := br.Close(); err != nil {
 		return dbErr("claim", err)
-	}
-	if len(msgs) > 0 {
-		n := len(msgs)
-		var err error
-		if msgs, ids, attempts, err = dropOvertaken(ctx, c, msgs, ids, attempts); err != nil {
-			return dbErr("claim", err)
-		}
-		res.deferred = len(msgs) < n
 	}
 	res.claimed = len(msgs)
 	if len(msgs) == 0 {
@@ -1039,60 +1061,12 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	return res
 }
 
-// overtakenSQL returns the keys among $1 (with the lowest id claimed for
-// each in $2) that have a lower unprocessed due row this claim did not
-// get.
-const overtakenSQL = `SELECT b.k FROM unnest($1::text[], $2::bigint[]) AS b(k, first_id)
-WHERE EXISTS (SELECT 1 FROM outbox e
-              WHERE e.partition_key = b.k AND e.processed_at IS NULL AND e.id < b.first_id
-                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))`
-
-// dropOvertaken removes from a claimed batch the rows of every key that
-// still has a lower due row this claim did not get, and returns the rest.
-// The claim walks the rows in id order and takes each key's slot lock as
-// it reaches the key's first row; a claimer that found the slot busy at a
-// key's first row and free at a later one (the holder committed in
-// between) would otherwise publish the later rows first. The removed rows
-// stay locked until the batch commits and are claimed again, in order,
-// by the next claim. Unkeyed rows are never removed.
-func dropOvertaken(ctx context.Context, c *pgxpool.Conn, msgs []*broker.Message, ids []int64, attempts []int) ([]*broker.Message, []int64, []int, error) {
-	first := map[string]int64{}
-	var keys []string
-	var firsts []int64
-	for i, m := range msgs {
-		if m.Key == "" {
-			continue
-		}
-		if _, ok := first[m.Key]; !ok {
-			first[m.Key] = ids[i]
-			keys = append(keys, m.Key)
-			firsts = append(firsts, ids[i])
-		}
-	}
-	if len(keys) == 0 {
-		return msgs, ids, attempts, nil
-	}
-	rows, err := c.Query(ctx, overtakenSQL, keys, firsts)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	drop, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil || len(drop) == 0 {
-		return msgs, ids, attempts, err
-	}
-	skip := map[string]bool{}
-	for _, k := range drop {
-		skip[k] = true
-	}
-	n := 0
-	for i, m := range msgs {
-		if m.Key != "" && skip[m.Key] {
-			continue
-		}
-		msgs[n], ids[n], attempts[n] = m, ids[i], attempts[i]
-		n++
-	}
-	return msgs[:n], ids[:n], attempts[:n], nil
+// claimWindow is how many ids, from the lowest due one, a claim looks at:
+// enough to pass the batches in flight of 16 claimers of this relay's
+// BatchSize (several relays' loops), at least 10000. Rows beyond it are
+// claimed once the rows below are published.
+func (r *Relay) claimWindow() int {
+	return max(10000, 16*r.cfg.BatchSize)
 }
 
 // unavailableReason is the last_error of a row the relay could not publish

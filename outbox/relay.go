@@ -76,7 +76,9 @@ type RelayConfig struct {
 	// Concurrency is the number of claim loops run by one relay, 1..64.
 	// They claim disjoint batches (SKIP LOCKED; the rows of one partition
 	// key go to one loop at a time, see the package documentation,
-	// "Order"), so one loop's database work
+	// "Order", so when one batch holds every key of the backlog, as with
+	// a few keys finely interleaved, the other loops find nothing to claim
+	// until it commits), so one loop's database work
 	// overlaps another's wait for confirms; one loop serves a light load,
 	// and the others join while batches come back full. Defaults to
 	// DefaultConcurrency (4; BenchmarkRelay measured about 0.5 of the raw

@@ -56,7 +56,8 @@
 //     publish that times out after RelayConfig.PublishTimeout) the rows get
 //     no attempt and no backoff of their own: they keep attempts and their
 //     place, and last_error says "broker unavailable (<broker name>): ..."
-//     so ReadStats does not list them as parked. The relay logs the outage
+//     (a parked row keeps the reason of its own failure), and ReadStats
+//     does not list them as parked. The relay logs the outage
 //     once and pauses as a whole, all claim loops together: 100 ms doubling
 //     up to RelayConfig.MaxBackoff, and after each pause one claim loop
 //     tries one batch (the probe); the first batch that reaches the broker

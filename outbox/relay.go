@@ -863,8 +863,9 @@ ORDER BY c.id`, keyLockClass, keySlots-1)
 const markSQL = `UPDATE outbox SET processed_at = now() + $2::bigint * interval '1 microsecond' WHERE id = ANY($1::bigint[])`
 
 // outageSQL records why rows could not be published during an outage,
-// without counting an attempt or delaying them.
-const outageSQL = `UPDATE outbox SET last_error = $2 WHERE id = ANY($1::bigint[])`
+// without counting an attempt or delaying them; a parked row (attempts >
+// 0) keeps the reason of its own last failure.
+const outageSQL = `UPDATE outbox SET last_error = $2 WHERE id = ANY($1::bigint[]) AND attempts = 0`
 
 const failSQL = `UPDATE outbox AS o
 SET attempts = o.attempts + 1,

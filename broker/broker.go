@@ -63,6 +63,14 @@ var (
 	// ErrNacked is returned by Publish for a message the broker refused to
 	// take responsibility for (RabbitMQ: basic.nack in confirm mode).
 	ErrNacked = errors.New("broker: message nacked by broker")
+	// ErrInvalidMessage is returned by Publish, in a *PublishError entry, for
+	// a message the adapter or the broker refuses because of the message
+	// itself: an ID, Type, Key or header name or value the broker cannot
+	// carry (length, characters, encoding, reserved names), too many
+	// headers. Such a message is never sent, and publishing it again
+	// unchanged fails the same way: it is a failure of that message, never
+	// of the broker as a whole. The error names the message and the field.
+	ErrInvalidMessage = errors.New("broker: invalid message")
 	// ErrUnknownQueue is returned by Subscribe for a queue that Declare did
 	// not declare on this broker, and by DLQ and the DeadLetterQueue methods
 	// for a queue that is neither declared on this broker nor found on the
@@ -310,8 +318,10 @@ type FailedMessage struct {
 	Index int
 	// ID is the message's ID.
 	ID string
-	// Err says why; it wraps ErrNacked, ErrUnroutable, ErrMessageTooLarge,
-	// a context error or a connection error.
+	// Err says why. A failure of the message itself wraps ErrNacked,
+	// ErrUnroutable, ErrMessageTooLarge or ErrInvalidMessage (see
+	// IsMessageFault); anything else (a context error, a connection error,
+	// ErrClosed) is a failure of the broker as a whole.
 	Err error
 }
 
@@ -331,6 +341,17 @@ func (e *PublishError) Unwrap() []error {
 		errs[i] = f.Err
 	}
 	return errs
+}
+
+// IsMessageFault reports whether err, a FailedMessage.Err or a Publish
+// error, is a failure of the message itself (it wraps ErrNacked,
+// ErrUnroutable, ErrMessageTooLarge or ErrInvalidMessage) rather than of
+// the broker as a whole (unreachable, closed, a deadline passed). A caller
+// retries a message fault with a per-message backoff and an outage by
+// pausing all publishing.
+func IsMessageFault(err error) bool {
+	return errors.Is(err, ErrInvalidMessage) || errors.Is(err, ErrMessageTooLarge) ||
+		errors.Is(err, ErrUnroutable) || errors.Is(err, ErrNacked)
 }
 
 // FailedIndexes returns the set of failed batch indexes of err: all of

@@ -19,7 +19,18 @@
 //
 // Order is kept only as far as Capabilities.Ordering says, and never across
 // retries: a retried message comes back after its delay, behind messages
-// published later.
+// published later. SubscribeOptions.Ordered asks a subscription to hand
+// out one key's messages one at a time, in the broker's order; adapters
+// whose broker delivers in queue or stream order implement it with
+// OrderedSubscription.
+//
+// A Publish fails per message (a *PublishError) or as a whole. A failure
+// of the message itself (ErrInvalidMessage, ErrMessageTooLarge,
+// ErrUnroutable, ErrNacked; IsMessageFault) fails the same way when the
+// message is published again unchanged; anything else is a failure of the
+// broker (unreachable, closed, a deadline passed) and says nothing about
+// the message. The outbox relay parks the first kind with a per-message
+// backoff and waits out the second as one outage.
 //
 // A retried message comes back only to the queue it failed in. After the
 // last attempt the worker moves it to the queue's DLQ (DLQName) with the

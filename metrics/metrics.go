@@ -20,6 +20,7 @@ import (
 const (
 	OutboxUnprocessedRows    = "ferry_outbox_unprocessed_rows"
 	OutboxOldestAgeSeconds   = "ferry_outbox_oldest_unprocessed_age_seconds"
+	OutboxParkedRows         = "ferry_outbox_parked_rows"
 	RelayPublishedTotal      = "ferry_relay_published_total"
 	RelayPublishErrorsTotal  = "ferry_relay_publish_errors_total"
 	RelayBatchDuration       = "ferry_relay_batch_duration_seconds"
@@ -187,16 +188,38 @@ func (m *Metrics) ObserveOutcome(msg *broker.Message, outcome string, handlerDur
 //	}
 type StatsFunc func(ctx context.Context) (unprocessed int, oldest time.Duration, err error)
 
+// OutboxStats is what an OutboxStatsFunc reports at a scrape.
+type OutboxStats struct {
+	// Unprocessed is the number of rows not yet published.
+	Unprocessed int
+	// Oldest is the age of the oldest unprocessed row, 0 when none.
+	Oldest time.Duration
+	// Parked is the number of unprocessed rows whose publication failed
+	// for a reason of their own (outbox.Stats.Parked).
+	Parked int
+}
+
+// OutboxStatsFunc reports the outbox backlog including the parked rows;
+// adapt outbox.ReadStats:
+//
+//	func(ctx context.Context) (metrics.OutboxStats, error) {
+//		s, err := outbox.ReadStats(ctx, pool)
+//		return metrics.OutboxStats{Unprocessed: int(s.Unprocessed),
+//			Oldest: s.OldestUnprocessedAge, Parked: int(s.Parked)}, err
+//	}
+type OutboxStatsFunc func(ctx context.Context) (OutboxStats, error)
+
 // OutboxCollector is a prometheus.Collector that calls a StatsFunc at
 // every scrape and exports ferry_outbox_unprocessed_rows and
 // ferry_outbox_oldest_unprocessed_age_seconds. When the StatsFunc fails or
 // exceeds its timeout, the scrape omits both series (the error is logged
 // by Handler) instead of exporting a stale or zero value.
 type OutboxCollector struct {
-	stats   StatsFunc
+	stats   OutboxStatsFunc
 	timeout time.Duration
 	rows    *prometheus.Desc
 	age     *prometheus.Desc
+	parked  *prometheus.Desc // nil without an OutboxStatsFunc
 }
 
 var _ prometheus.Collector = (*OutboxCollector)(nil)
@@ -206,6 +229,25 @@ var _ prometheus.Collector = (*OutboxCollector)(nil)
 // 0 means DefaultOutboxStatTimeout (2 s). Register it with
 // RegisterOutbox or reg.MustRegister.
 func NewOutboxCollector(brokerName string, stats StatsFunc, timeout time.Duration) (*OutboxCollector, error) {
+	if stats == nil {
+		return nil, fmt.Errorf("%w: stats func is nil", ErrConfig)
+	}
+	c, err := NewOutboxStatsCollector(brokerName, func(ctx context.Context) (OutboxStats, error) {
+		n, age, err := stats(ctx)
+		return OutboxStats{Unprocessed: n, Oldest: age}, err
+	}, timeout)
+	if c != nil {
+		c.parked = nil
+	}
+	return c, err
+}
+
+// NewOutboxStatsCollector is NewOutboxCollector with an OutboxStatsFunc:
+// the collector also exports ferry_outbox_parked_rows (OutboxParkedRows),
+// the rows whose publication failed for a reason of their own and that the
+// relay retries with backoff (see `ferry outbox stats`, and `ferry outbox
+// retry` or `drop`).
+func NewOutboxStatsCollector(brokerName string, stats OutboxStatsFunc, timeout time.Duration) (*OutboxCollector, error) {
 	if brokerName == "" {
 		return nil, fmt.Errorf("%w: broker name is empty", ErrConfig)
 	}
@@ -226,7 +268,26 @@ func NewOutboxCollector(brokerName string, stats StatsFunc, timeout time.Duratio
 			"Outbox rows not yet published (read from the database at scrape time).", nil, labels),
 		age: prometheus.NewDesc(OutboxOldestAgeSeconds,
 			"Age of the oldest unprocessed outbox row in seconds, 0 when there is none.", nil, labels),
+		parked: prometheus.NewDesc(OutboxParkedRows,
+			"Unprocessed outbox rows whose publication failed for a reason of their own (refused, unroutable, too large), retried with backoff; 0 when none.", nil, labels),
 	}, nil
+}
+
+// RegisterOutboxStats creates an OutboxCollector from an OutboxStatsFunc
+// (so with ferry_outbox_parked_rows) with the default timeout and
+// registers it on reg.
+func RegisterOutboxStats(reg prometheus.Registerer, brokerName string, stats OutboxStatsFunc) error {
+	if reg == nil {
+		return fmt.Errorf("%w: registerer is nil", ErrConfig)
+	}
+	c, err := NewOutboxStatsCollector(brokerName, stats, 0)
+	if err != nil {
+		return err
+	}
+	if err := reg.Register(c); err != nil {
+		return fmt.Errorf("metrics: register outbox collector: %w", err)
+	}
+	return nil
 }
 
 // RegisterOutbox creates an OutboxCollector with the default timeout and
@@ -249,21 +310,30 @@ func RegisterOutbox(reg prometheus.Registerer, brokerName string, stats StatsFun
 func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.rows
 	ch <- c.age
+	if c.parked != nil {
+		ch <- c.parked
+	}
 }
 
 // Collect implements prometheus.Collector: one StatsFunc call per scrape.
 func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	n, age, err := c.stats(ctx)
+	st, err := c.stats(ctx)
 	if err != nil {
 		err = fmt.Errorf("metrics: outbox stats: %w", err)
 		ch <- prometheus.NewInvalidMetric(c.rows, err)
 		ch <- prometheus.NewInvalidMetric(c.age, err)
+		if c.parked != nil {
+			ch <- prometheus.NewInvalidMetric(c.parked, err)
+		}
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(n))
-	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(st.Unprocessed))
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, st.Oldest.Seconds())
+	if c.parked != nil {
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(st.Parked))
+	}
 }
 
 // NewRegistry returns a registry holding the Go runtime and process

@@ -49,3 +49,24 @@ func TestOutboxGaugesFromPostgres(t *testing.T) {
 	fams = scrape(t, b.srv)
 	require.Equal(t, 0.0, one(t, fams, metrics.OutboxUnprocessedRows, "").GetGauge().GetValue())
 }
+
+// TestOutboxParkedGauge: ferry_outbox_parked_rows counts the rows whose
+// publication failed for a reason of their own.
+func TestOutboxParkedGauge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.NewPool(t)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	b := setup(t)
+	require.NoError(t, metrics.RegisterOutboxStats(b.reg, "rabbitmq", func(ctx context.Context) (metrics.OutboxStats, error) {
+		s, err := outbox.ReadStats(ctx, pool)
+		return metrics.OutboxStats{Unprocessed: int(s.Unprocessed), Oldest: s.OldestUnprocessedAge, Parked: int(s.Parked)}, err
+	}))
+	require.Equal(t, 0.0, one(t, scrape(t, b.srv), metrics.OutboxParkedRows, "").GetGauge().GetValue())
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (event_type, payload, attempts, last_error, next_attempt_at)
+		VALUES ('a.b', 'x', 3, 'unroutable', now() + interval '1 hour'), ('a.b', 'x', 1, 'too large', now() + interval '1 hour'), ('a.b', 'x', 0, NULL, NULL)`)
+	require.NoError(t, err)
+	fams := scrape(t, b.srv)
+	require.Equal(t, 2.0, one(t, fams, metrics.OutboxParkedRows, "").GetGauge().GetValue())
+	require.Equal(t, 3.0, one(t, fams, metrics.OutboxUnprocessedRows, "").GetGauge().GetValue())
+}

@@ -17,6 +17,7 @@
 //	       WHERE processed_at IS NULL AND next_attempt_at IS NULL
 //	outbox_waiting_idx ON outbox(next_attempt_at)
 //	       WHERE processed_at IS NULL AND next_attempt_at IS NOT NULL
+//	outbox_unprocessed_key_idx ON outbox(partition_key, id) WHERE processed_at IS NULL
 //	processed_messages(consumer TEXT, message_id TEXT, processed_at TIMESTAMPTZ,
 //	       PRIMARY KEY (consumer, message_id))
 //	worker_attempts(consumer TEXT, message_id TEXT, attempts INT,
@@ -33,7 +34,9 @@
 // commits, at least once. The relay claims a batch of unprocessed rows in
 // id order with SELECT ... FOR UPDATE SKIP LOCKED, publishes it, waits for
 // the broker's confirms (broker.Broker.Publish) and, in the same
-// transaction, sets processed_at on the confirmed rows only. So:
+// transaction, sets processed_at on the confirmed rows only, to the time
+// Publish returned (the batch's last confirm; the transaction's start plus
+// the time the relay measured from its claim). So:
 //
 //   - A message is marked processed only after the broker durably
 //     confirmed it.
@@ -46,21 +49,61 @@
 //   - Several relays (replicas, or the concurrent claim loops of one relay)
 //     claim disjoint batches thanks to SKIP LOCKED, so in normal operation
 //     no row is published twice.
-//   - A row that fails to publish for a reason of its own (unroutable,
-//     too large, nacked) gets attempts+1 and last_error and is retried
-//     after an exponential backoff (next_attempt_at), forever; it never
-//     blocks the rows behind it. Such "parked" rows are listed by ReadStats.
-//     When the broker as a whole is unreachable (or a publish times out)
-//     the rows also get attempts+1 and last_error, but no per-row backoff:
-//     the relay pauses (100 ms doubling up to RelayConfig.MaxBackoff),
-//     logs once per outage, and retries the batch.
+//   - A row that fails to publish for a reason of its own
+//     (broker.IsMessageFault: refused by the adapter or the broker for its
+//     names, lengths, characters or encoding, unroutable, too large,
+//     nacked) gets attempts+1 and last_error and is retried after an
+//     exponential backoff (next_attempt_at: RelayConfig.RetryBackoff
+//     doubling up to MaxRetryBackoff), forever; the other rows of its
+//     batch are published and the relay does not slow down. Such "parked"
+//     rows (attempts > 0) are listed by ReadStats, counted by the gauge
+//     ferry_outbox_parked_rows, and can be made due at once (RetryParked,
+//     `ferry outbox retry`) or deleted (DropParked, `ferry outbox drop`).
+//     Enqueue refuses first, with ErrInvalidEvent, what no ferry broker can
+//     carry (see Event).
+//   - When the broker as a whole fails (unreachable, connection lost, a
+//     publish that times out after RelayConfig.PublishTimeout) the rows get
+//     no attempt and no backoff of their own: they keep attempts and their
+//     place, and last_error says "broker unavailable (<broker name>): ..."
+//     (a parked row keeps the reason of its own failure), and ReadStats
+//     does not list them as parked. The relay logs the outage
+//     once and pauses as a whole, all claim loops together: 100 ms doubling
+//     up to RelayConfig.MaxBackoff, and after each pause one claim loop
+//     tries one batch (the probe); the first batch that reaches the broker
+//     ends the outage ("publishing again"). An outage of any length thus
+//     adds 0 attempts, and costs one failed batch per pause (about 6 in the
+//     first 3 s, then one per MaxBackoff, plus the batches in flight when
+//     it began). A database outage is waited out the same way.
 //   - Rows are claimed by id, not by a high-water mark, so a row whose id
 //     is lower than an already published one (its transaction committed
 //     later) is still found.
-//   - Order: rows are published in id order within a batch, but concurrent
-//     claim loops, several relays and retried rows mean the broker may
-//     receive them out of order; ordering guarantees are only those of
-//     broker.Capabilities.Ordering on top of that.
+//   - Order: see below.
+//
+// # Order
+//
+// The rows of one partition key (Event.Key, broker.Message.Key) are
+// published in id order, across the concurrent claim loops of a relay and
+// across several relays: a claim takes, with each keyed row, a
+// transaction-level advisory lock on the key's slot (one of 1024, by hash
+// of the key), so one claimer at a time publishes a key's rows, in id
+// order within its batch, and commits before the next claimer can take
+// them; a batch that got a key's later rows but not an earlier due one
+// (the slot was freed during its claim) leaves them to the next batch.
+// Different keys (and rows without a key, which are not ordered) are
+// spread over the loops and relays. Rows of one key enqueued by
+// concurrent transactions go out in the order the relay sees them commit,
+// which can differ from id order: enqueue one key's events from one
+// transaction at a time for id order.
+//
+// A parked row (a failure of its own, next_attempt_at in the future) and a
+// row not yet due are not claimable, and they do not hold back the rows
+// behind them of the same key: those are published, and the parked row
+// follows when it is due (or retried by an operator), after them. So order
+// holds up to retries, like broker.SubscribeOptions.Ordered on the
+// consumer side. Rows that failed because the broker failed are not
+// parked and keep their place. On the consumer side, RabbitMQ and NATS
+// keep publish order within a queue; a worker handles one key's messages
+// one after the other, in that order, with worker.Config.Ordered.
 //
 // # Messages
 //

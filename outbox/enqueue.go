@@ -26,20 +26,34 @@ const NotifyChannel = "ferry_outbox"
 // short string of at most 255 bytes.
 const MaxTypeBytes = 255
 
+// MaxHeaderNameBytes bounds the name of an Event header (bytes): an AMQP
+// 0-9-1 field-table name is a short string of at most 128 bytes (AMQP
+// 0-9-1 specification, "field-name").
+const MaxHeaderNameBytes = 128
+
 // Event is one event to publish through the outbox.
 type Event struct {
 	// Type is the event type and routing key, e.g. "notification.requested":
-	// non-empty dot-separated words without '*' or '#', at most
-	// MaxTypeBytes bytes of valid UTF-8. Required.
+	// non-empty dot-separated words without '*', '#' or '>' (wildcards of
+	// AMQP and NATS), spaces or control characters, at most MaxTypeBytes
+	// bytes of valid UTF-8. Required.
 	Type string
 	// Key is the ordering (partition) key, e.g. a user id; see
-	// broker.Message.Key. Optional.
+	// broker.Message.Key. The relay publishes the rows of one Key in id
+	// order (see the package documentation, "Order"). Valid UTF-8 without
+	// NUL, CR or LF. Optional.
 	Key string
 	// Body is the payload, opaque bytes. Required (non-nil; it may be empty).
 	Body []byte
 	// Headers are carried with the message, e.g. broker.HeaderTraceparent.
-	// Keys must be non-empty and must not start with "x-", which is
-	// reserved for ferry's own headers. May be nil.
+	// A name is 1..MaxHeaderNameBytes bytes of printable ASCII without
+	// spaces or ':' (a NATS header name; an AMQP field name) and must not
+	// start with "x-" (ferry's own headers), "ferry-" or "nats-"
+	// (reserved by the adapters); a value is valid UTF-8 without NUL, CR
+	// or LF. These are the rules every ferry broker can carry, so an
+	// outbox can be relayed to any of them; sizes are checked by the
+	// broker (its Capabilities), and an oversized row is parked by the
+	// relay. May be nil.
 	Headers map[string]string
 	// AppID is the application's own id of what the event is about (e.g.
 	// the notification id), carried as the header broker.HeaderAppID so
@@ -78,8 +92,8 @@ func (e Event) validate(i int) error {
 	if err := validateType(e.Type); err != nil {
 		return fmt.Errorf("%w: %s %q: %s", ErrInvalidEvent, field("Type"), e.Type, err)
 	}
-	if !utf8.ValidString(e.Key) || strings.ContainsRune(e.Key, 0) {
-		return fmt.Errorf("%w: %s %q: must be valid UTF-8 without NUL", ErrInvalidEvent, field("Key"), e.Key)
+	if !utf8.ValidString(e.Key) || strings.ContainsAny(e.Key, "\x00\r\n") {
+		return fmt.Errorf("%w: %s %q: must be valid UTF-8 without NUL, CR or LF", ErrInvalidEvent, field("Key"), e.Key)
 	}
 	if e.Body == nil {
 		return fmt.Errorf("%w: %s: is nil (use []byte{} for an empty body)", ErrInvalidEvent, field("Body"))
@@ -89,13 +103,8 @@ func (e Event) validate(i int) error {
 		return fmt.Errorf("%w: %s %q: want at most %d bytes of valid UTF-8 without control characters", ErrInvalidEvent, field("AppID"), clipID(e.AppID), MaxAppIDBytes)
 	}
 	for k, v := range e.Headers {
-		switch {
-		case k == "":
-			return fmt.Errorf("%w: %s: empty key", ErrInvalidEvent, field("Headers"))
-		case strings.HasPrefix(strings.ToLower(k), "x-"):
-			return fmt.Errorf("%w: %s[%q]: keys starting with \"x-\" are reserved for ferry", ErrInvalidEvent, field("Headers"), k)
-		case !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0):
-			return fmt.Errorf("%w: %s[%q]: key and value must be valid UTF-8 without NUL", ErrInvalidEvent, field("Headers"), k)
+		if err := validateHeader(k, v); err != nil {
+			return fmt.Errorf("%w: %s[%q]: %s", ErrInvalidEvent, field("Headers"), k, err)
 		}
 	}
 	return nil
@@ -107,6 +116,25 @@ func clipID(s string) string {
 		return s
 	}
 	return strings.ToValidUTF8(s[:64], "") + "..."
+}
+
+func validateHeader(k, v string) error {
+	lower := strings.ToLower(k)
+	switch {
+	case k == "":
+		return errors.New("empty name")
+	case len(k) > MaxHeaderNameBytes:
+		return fmt.Errorf("name is %d bytes, at most %d", len(k), MaxHeaderNameBytes)
+	case strings.HasPrefix(lower, "x-"):
+		return errors.New(`names starting with "x-" are reserved for ferry`)
+	case strings.HasPrefix(lower, "ferry-"), strings.HasPrefix(lower, "nats-"):
+		return errors.New(`names starting with "ferry-" or "nats-" are reserved by the broker adapters`)
+	case strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ':' }):
+		return errors.New("name must be printable ASCII without spaces or ':'")
+	case !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\r\n"):
+		return errors.New("value must be valid UTF-8 without NUL, CR or LF")
+	}
+	return nil
 }
 
 func validateType(t string) error {
@@ -123,8 +151,8 @@ func validateType(t string) error {
 		if w == "" {
 			return errors.New("must be dot-separated non-empty words")
 		}
-		if strings.ContainsAny(w, "*#") {
-			return errors.New("must not contain '*' or '#' (a routing key, not a pattern)")
+		if strings.ContainsAny(w, "*#>") {
+			return errors.New("must not contain '*', '#' or '>' (a routing key, not a pattern)")
 		}
 		if strings.ContainsFunc(w, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 			return errors.New("must not contain spaces or control characters")

@@ -125,6 +125,17 @@ func TestEnqueueValidation(t *testing.T) {
 		{"reserved header", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"x-retry-count": "1"}}, `events[1].Headers["x-retry-count"]`},
 		{"empty header key", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"": "1"}}, "events[1].Headers"},
 		{"bad key", outbox.Event{Type: "a.b", Key: "\xff", Body: []byte("x")}, "events[1].Key"},
+		{"key with newline", outbox.Event{Type: "a.b", Key: "a\nb", Body: []byte("x")}, "events[1].Key"},
+		{"nats wildcard", outbox.Event{Type: "a.>", Body: []byte("x")}, "events[1].Type"},
+		// Each header below is one an adapter refused at publish time; the
+		// relay used to take that refusal for an outage (issue 7, item 1).
+		{"header name too long", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{strings.Repeat("h", 129): "1"}}, "at most 128"},
+		{"header name with colon", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"a:b": "1"}}, "printable ASCII"},
+		{"header name with space", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"a b": "1"}}, "printable ASCII"},
+		{"header name not ASCII", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"é": "1"}}, "printable ASCII"},
+		{"header name reserved by nats", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"Nats-Msg-Id": "1"}}, "reserved"},
+		{"header name reserved by ferry", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"Ferry-Key": "1"}}, "reserved"},
+		{"header value with CRLF", outbox.Event{Type: "a.b", Body: []byte("x"), Headers: map[string]string{"h": "a\r\nb"}}, "CR or LF"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tx, err := pool.Begin(ctx)

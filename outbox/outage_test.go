@@ -128,3 +128,70 @@ func requireServicesNode(t *testing.T) {
 	}
 	t.Fatalf("services.sh reports no running RabbitMQ (start it: compose/local/services.sh up rabbitmq):\n%s", out)
 }
+
+// A 60 s outage is one outage (issue 7, item 2): the relay backs off for
+// the whole process (one failed batch per pause, the pause doubling from
+// 100 ms to MaxBackoff), the rows get no attempts, their last_error says
+// "broker unavailable" and names the broker, ReadStats does not call them
+// parked, and they are all published once the broker is back.
+// Not parallel: it stops the shared RabbitMQ.
+func TestRelayLongOutageIsOneOutage(t *testing.T) {
+	ctx := testCtx(t)
+	rg := setup(t)
+	logs := logCounter{next: slog.NewTextHandler(testWriter{t}, nil), mu: &sync.Mutex{}, msgs: map[string]int{}}
+	var failedBatches atomic.Int64
+	const maxBackoff = 2 * time.Second
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Concurrency: 4, PublishTimeout: time.Second,
+		MaxBackoff: maxBackoff, Retention: -1, Logger: slog.New(logs),
+		OnBatch: func(s outbox.BatchStats) {
+			if s.Err != nil {
+				failedBatches.Add(1)
+			}
+		}})
+	stop := runRelay(t, r)
+
+	requireServicesNode(t)
+	testenv.Services(t, "stop", "rabbitmq")
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			testenv.Services(t, "start", "rabbitmq")
+		}
+	})
+	start := time.Now()
+	ids := enqueue(t, rg.pool, events(50, "test.outage")...)
+	// Keep producing during the outage, so every claim loop has rows.
+	for time.Since(start) < 60*time.Second {
+		ids = append(ids, enqueue(t, rg.pool, events(5, "test.outage")...)...)
+		time.Sleep(500 * time.Millisecond)
+	}
+	var maxAttempts int
+	var lastErr string
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT max(attempts), max(last_error) FROM outbox WHERE processed_at IS NULL`).Scan(&maxAttempts, &lastErr))
+	require.Zero(t, maxAttempts, "an outage counts no attempts")
+	require.Contains(t, lastErr, "broker unavailable (rabbitmq)")
+	st, err := outbox.ReadStats(ctx, rg.pool)
+	require.NoError(t, err)
+	require.Zero(t, st.Parked, "rows waiting for the broker are not parked")
+	require.Empty(t, st.ParkedRows)
+	require.Equal(t, 1, logs.count("broker unavailable"), "the outage is logged once")
+	// One probe per pause for the whole relay: the pauses 0.1, 0.2, 0.4,
+	// 0.8, 1.6 s, then 2 s (±20%), plus the batches of the 4 loops in
+	// flight when it began: about 35 in 60 s. Four loops backing off each
+	// on its own would make 4 times as many.
+	failed := failedBatches.Load()
+	t.Logf("%d failed batches in a %v outage", failed, time.Since(start).Round(time.Second))
+	require.Less(t, failed, int64(60))
+
+	testenv.Services(t, "start", "rabbitmq")
+	restarted = true
+	require.Eventually(t, func() bool { return unprocessed(t, rg.pool) == 0 }, 90*time.Second, 100*time.Millisecond)
+	require.Equal(t, 1, logs.count("publishing again"))
+	stop()
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT max(attempts) FROM outbox`).Scan(&maxAttempts))
+	require.Zero(t, maxAttempts)
+	counts, _ := collect(t, rg.b, rg.queue, len(ids), 300*time.Millisecond)
+	for _, id := range idStrings(ids) {
+		require.GreaterOrEqual(t, counts[id], 1, id)
+	}
+}

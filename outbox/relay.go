@@ -74,7 +74,11 @@ type RelayConfig struct {
 	// transaction, 1..MaxBatchSize. Defaults to DefaultBatchSize (100).
 	BatchSize int
 	// Concurrency is the number of claim loops run by one relay, 1..64.
-	// They claim disjoint batches (SKIP LOCKED), so one loop's database work
+	// They claim disjoint batches (SKIP LOCKED; the rows of one partition
+	// key go to one loop at a time, see the package documentation,
+	// "Order", so when one batch holds every key of the backlog, as with
+	// a few keys finely interleaved, the other loops find nothing to claim
+	// until it commits), so one loop's database work
 	// overlaps another's wait for confirms; one loop serves a light load,
 	// and the others join while batches come back full. Defaults to
 	// DefaultConcurrency (4; BenchmarkRelay measured about 0.5 of the raw
@@ -106,17 +110,20 @@ type RelayConfig struct {
 	// DefaultPublishTimeout (30 s).
 	PublishTimeout time.Duration
 	// RetryBackoff is the delay before a row that failed for a reason of
-	// its own (broker.ErrUnroutable, broker.ErrMessageTooLarge,
-	// broker.ErrNacked) is claimed again after its first failure; it
-	// doubles with each further failure up to MaxRetryBackoff. Such rows are
-	// retried forever. Defaults to DefaultRetryBackoff (1 s).
+	// its own (broker.IsMessageFault: broker.ErrInvalidMessage,
+	// broker.ErrUnroutable, broker.ErrMessageTooLarge, broker.ErrNacked) is
+	// claimed again after its first failure; it doubles with each further
+	// failure up to MaxRetryBackoff. Such rows are retried forever (or
+	// until an operator drops them, see DropParked). Defaults to
+	// DefaultRetryBackoff (1 s).
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps RetryBackoff's doubling. Defaults to
 	// DefaultMaxRetryBackoff (5 min).
 	MaxRetryBackoff time.Duration
-	// MaxBackoff caps the pause of a claim loop while the broker or the
-	// database is unreachable (the pause starts at 100 ms and doubles).
-	// Defaults to DefaultMaxBackoff (5 s).
+	// MaxBackoff caps the relay's pause while the broker or the database is
+	// unreachable: the pause starts at 100 ms and doubles, for the whole
+	// relay (all its claim loops), and only one claim loop at a time tries
+	// again after each pause. Defaults to DefaultMaxBackoff (5 s).
 	MaxBackoff time.Duration
 	// Retention is how long processed outbox rows and processed_messages
 	// rows are kept before the relay deletes them. Negative disables the
@@ -209,11 +216,17 @@ type Relay struct {
 	more  chan struct{} // a loop's batch came back full: one more may join
 	nudge chan struct{} // a wake-up was set aside for the active loops
 
+	brokerName string // Capabilities().Name, for last_error and logs
+
 	mu          sync.Mutex
-	unavailable bool // the broker or the database failed the last batch
-	active      int  // claim loops between a wake-up and going idle again
-	waiting     int  // active loops waiting (BatchDelay, RecheckDelay) to claim again
-	dirty       bool // a wake-up was set aside for the active loops
+	unavailable bool          // the broker or the database failed the last batch
+	backoff     time.Duration // the current outage pause (0: none)
+	pauseUntil  time.Time     // no claim before this while unavailable
+	probing     bool          // a loop is trying again during an outage
+	gate        chan struct{} // closed (and replaced) when the outage state changes
+	active      int           // claim loops between a wake-up and going idle again
+	waiting     int           // active loops waiting (BatchDelay, RecheckDelay) to claim again
+	dirty       bool          // a wake-up was set aside for the active loops
 }
 
 // NewRelay checks cfg, applies the defaults and returns a relay. Errors
@@ -288,8 +301,12 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Relay{cfg: cfg, log: log, wake: make(chan struct{}, 1),
-		more: make(chan struct{}, 1), nudge: make(chan struct{}, 1)}, nil
+	name := cfg.Broker.Capabilities().Name
+	if name == "" {
+		name = fmt.Sprintf("%T", cfg.Broker)
+	}
+	return &Relay{cfg: cfg, log: log, brokerName: name, wake: make(chan struct{}, 1),
+		more: make(chan struct{}, 1), nudge: make(chan struct{}, 1), gate: make(chan struct{})}, nil
 }
 
 // Config returns the relay's configuration with the defaults applied.
@@ -311,6 +328,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.mu.Lock()
 	r.active, r.waiting, r.dirty = 0, 0, false
+	r.probing = false
 	r.mu.Unlock()
 	for _, ch := range []chan struct{}{r.more, r.nudge} {
 		select {
@@ -440,7 +458,6 @@ func closeConn(conn *pgx.Conn) {
 // leaving the rest to that one.
 func (r *Relay) claimLoop(ctx context.Context) error {
 	var (
-		backoff   time.Duration
 		active    bool
 		rechecked bool // the last claim was the recheck after an empty one
 	)
@@ -473,29 +490,31 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			}
 			active, rechecked = true, false
 		}
+		probe, ok := r.awaitAvailable(ctx)
+		if !ok {
+			return nil
+		}
 		r.beforeClaim()
 		res := r.processBatch(ctx)
 		if ctx.Err() != nil {
+			r.endProbe(probe)
 			return nil
 		}
 		if res.fatal {
+			r.endProbe(probe)
 			r.log.Error("outbox: relay: broker closed, stopping", "err", res.err)
 			return fmt.Errorf("outbox: relay: %w", res.err)
 		}
 		if res.outage {
-			r.setAvailable(false, res.err)
-			backoff = nextBackoff(backoff, r.cfg.MaxBackoff)
-			if !sleep(ctx, backoff) {
-				return nil
-			}
+			r.setUnavailable(res, probe)
 			continue
 		}
 		if res.claimed > 0 {
 			// Only a batch that reached the broker tells it is back: an
 			// empty claim (other loops hold the rows) says nothing.
-			r.setAvailable(true, nil)
+			r.setAvailable()
 		}
-		backoff = 0
+		r.endProbe(probe)
 		switch {
 		case res.claimed == r.cfg.BatchSize:
 			// More rows are probably waiting: let another loop join in and
@@ -506,7 +525,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			// Another active loop claims again later (dirty makes sure of
 			// it); one loop is enough for what is left.
 			active = false
-		case res.claimed > 0:
+		case res.claimed > 0 || res.deferred:
 			// Let the rows being committed now gather into the next batch.
 			rechecked = false
 			if r.cfg.BatchDelay > 0 && !r.wait(ctx, r.cfg.BatchDelay, false) {
@@ -627,19 +646,109 @@ func (r *Relay) wait(ctx context.Context, d time.Duration, wakeable bool) bool {
 	return true
 }
 
-// setAvailable logs a change of the broker's or database's availability,
-// once per change.
-func (r *Relay) setAvailable(ok bool, err error) {
+// awaitAvailable holds a claim loop back while the relay is unavailable:
+// until the current pause ends, and then while another loop is trying
+// again (the probe), so that an outage costs one failed batch per pause
+// for the whole relay, not one per loop. It reports whether the caller's
+// claim is the probe (the caller must then end it, see setUnavailable,
+// setAvailable and endProbe), and false when ctx is done.
+func (r *Relay) awaitAvailable(ctx context.Context) (probe, ok bool) {
+	for {
+		r.mu.Lock()
+		if !r.unavailable {
+			r.mu.Unlock()
+			return false, true
+		}
+		wait := time.Until(r.pauseUntil)
+		if wait <= 0 && !r.probing {
+			r.probing = true
+			r.mu.Unlock()
+			return true, true
+		}
+		gate := r.gate
+		r.mu.Unlock()
+		var (
+			t     *time.Timer
+			timer <-chan time.Time
+		)
+		if wait > 0 {
+			t = time.NewTimer(wait)
+			timer = t.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-gate:
+		case <-timer:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return false, false
+		}
+	}
+}
+
+// changed wakes the loops waiting in awaitAvailable; r.mu is held.
+func (r *Relay) changed() {
+	close(r.gate)
+	r.gate = make(chan struct{})
+}
+
+// endProbe ends a probe that told nothing about the broker (an empty
+// claim, a shutdown): the next loop may try again after the current
+// pause.
+func (r *Relay) endProbe(probe bool) {
+	if !probe {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.probing {
+		r.probing = false
+		r.pauseUntil = time.Now().Add(jitter(r.backoff))
+		r.changed()
+	}
+}
+
+// setUnavailable records a batch that failed because the broker or the
+// database did: the first one starts an outage (logged once, naming what
+// failed) and a pause of 100 ms; a failed probe doubles the pause up to
+// MaxBackoff. Other loops' batches that were in flight when the outage
+// began do not lengthen it.
+func (r *Relay) setUnavailable(res batchResult, probe bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
-	case !ok && !r.unavailable:
+	case !r.unavailable:
 		r.unavailable = true
-		r.log.Warn("outbox: relay: broker or database unavailable, backing off", "err", err)
-	case ok && r.unavailable:
-		r.unavailable = false
-		r.log.Info("outbox: relay: publishing again")
+		r.backoff = nextBackoff(0, r.cfg.MaxBackoff)
+		if res.dbFault {
+			r.log.Warn("outbox: relay: database unavailable, backing off", "err", res.err)
+		} else {
+			r.log.Warn("outbox: relay: broker unavailable, backing off", "broker", r.brokerName, "err", res.err)
+		}
+	case probe:
+		r.backoff = nextBackoff(r.backoff, r.cfg.MaxBackoff)
+	default:
+		return
 	}
+	r.probing = false
+	r.pauseUntil = time.Now().Add(jitter(r.backoff))
+	r.changed()
+}
+
+// setAvailable ends an outage (logged once) after a batch reached the
+// broker.
+func (r *Relay) setAvailable() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.unavailable {
+		return
+	}
+	r.unavailable, r.probing, r.backoff, r.pauseUntil = false, false, 0, time.Time{}
+	r.log.Info("outbox: relay: publishing again", "broker", r.brokerName)
+	r.changed()
 }
 
 // nextBackoff doubles d from minBackoff up to max.
@@ -650,9 +759,14 @@ func nextBackoff(d, max time.Duration) time.Duration {
 	return min(2*d, max)
 }
 
+// jitter returns d ±20%.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
 // sleep waits d, with ±20% jitter, or until ctx is done (returns false).
 func sleep(ctx context.Context, d time.Duration) bool {
-	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	d = jitter(d)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -666,9 +780,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // ProcessBatch claims one batch of due rows, publishes it and marks it,
 // once, and returns the number of rows confirmed and marked processed. The
 // error is nil when every claimed row was published (also when there was
-// nothing to publish), a *broker.PublishError when some rows failed (they
-// were recorded with attempts+1 and last_error), or the broker's or
-// database's error. Tests and benchmarks use it to drive the relay by hand;
+// nothing to publish), a *broker.PublishError when some rows failed (those
+// that failed for a reason of their own were recorded with attempts+1,
+// last_error and their backoff; those the broker failed got only
+// last_error "broker unavailable ..."), or the broker's or database's
+// error. It does not pause after an outage: Run does. Tests and benchmarks use it to drive the relay by hand;
 // it may run concurrently with Run and other relays.
 func (r *Relay) ProcessBatch(ctx context.Context) (published int, err error) {
 	res := r.processBatch(ctx)
@@ -680,17 +796,76 @@ type batchResult struct {
 	publishDur, markDur        time.Duration
 	err                        error
 	outage                     bool // the broker or the database as a whole failed
+	dbFault                    bool // the outage is the database's
+	deferred                   bool // rows were claimed but left for the next batch (overtaken, see claimSQL)
 	fatal                      bool // the broker is closed
 }
 
-const claimSQL = `SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
-FROM outbox
-WHERE processed_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED`
+// keyLockClass is the first key of the transaction-level advisory locks
+// (pg_try_advisory_xact_lock(int, int)) the claim takes on the partition
+// key slots; keySlots is the number of slots. A slot's lock is held from
+// the claim to the commit, so the rows of one key are published by one
+// claimer at a time, in id order. At most keySlots such locks exist at
+// once across all relays (a batch holds at most one per slot), well below
+// PostgreSQL's lock table (max_locks_per_transaction 64 times
+// max_connections by default).
+const (
+	keyLockClass = 0x66657279 // "fery"
+	keySlots     = 1024
+)
 
-const markSQL = `UPDATE outbox SET processed_at = now() WHERE id = ANY($1::bigint[])`
+// claimSQL claims the due rows in id order, skipping the rows other
+// claimers hold (SKIP LOCKED), among the ids below the lowest due id plus
+// $2 (claimWindow): a claim whose keys are all held by others gives up
+// there instead of walking the whole backlog.
+//
+// A keyed row is claimed only together with its key's slot lock, taken
+// (in the CASE, before the row lock) while the index is walked in id
+// order: a key whose slot another transaction holds is skipped, so no
+// claimer publishes a key's later rows while another still publishes its
+// earlier ones. The slot can be freed during the walk (its holder
+// committed), after the walk passed the key's first rows: the last column
+// (overtaken) is then true for the key's claimed rows, because a lower due
+// row of the key is still unprocessed, and the relay leaves them to the
+// next batch. The statement's snapshot may still show rows the holder has
+// just published as unprocessed; overtaken is then true without need,
+// which only defers the key's rows by one batch. A row not yet due
+// (next_attempt_at in the future) is not claimable and does not hold back
+// the rows behind it.
+var claimSQL = fmt.Sprintf(`WITH c AS (
+  SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
+  FROM outbox
+  WHERE processed_at IS NULL
+    AND id < COALESCE((SELECT min(w.id) FROM outbox w
+                       WHERE w.processed_at IS NULL AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= now())), 0) + $2
+    AND CASE
+          WHEN next_attempt_at > now() THEN false
+          WHEN partition_key = '' THEN true
+          ELSE pg_try_advisory_xact_lock(%d, hashtext(partition_key) & %d)
+        END
+  ORDER BY id
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+), overtaken AS (
+  SELECT f.k FROM (SELECT partition_key AS k, min(id) AS first_id FROM c WHERE partition_key <> '' GROUP BY partition_key) f
+  WHERE EXISTS (SELECT 1 FROM outbox e
+                WHERE e.partition_key = f.k AND e.processed_at IS NULL AND e.id < f.first_id
+                  AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))
+)
+SELECT c.id, c.event_type, c.partition_key, c.payload, c.headers, c.occurred_at, c.attempts,
+       c.partition_key IN (SELECT k FROM overtaken)
+FROM c
+ORDER BY c.id`, keyLockClass, keySlots-1)
+
+// markSQL marks the confirmed rows: processed_at is the time Publish
+// returned (the broker's last confirm of the batch), as the transaction's
+// start (now(), the claim) plus $2 microseconds measured by the relay.
+const markSQL = `UPDATE outbox SET processed_at = now() + $2::bigint * interval '1 microsecond' WHERE id = ANY($1::bigint[])`
+
+// outageSQL records why rows could not be published during an outage,
+// without counting an attempt or delaying them; a parked row (attempts >
+// 0) keeps the reason of its own last failure.
+const outageSQL = `UPDATE outbox SET last_error = $2 WHERE id = ANY($1::bigint[]) AND attempts = 0`
 
 const failSQL = `UPDATE outbox AS o
 SET attempts = o.attempts + 1,
@@ -711,7 +886,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return batchResult{err: ctxErr}
 		}
-		return batchResult{err: fmt.Errorf("outbox: relay: %s: %w", op, err), outage: true}
+		return batchResult{err: fmt.Errorf("outbox: relay: %s: %w", op, err), outage: true, dbFault: true}
 	}
 
 	// One round trip opens the transaction and claims (BEGIN pipelined
@@ -731,8 +906,9 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	}()
 
 	claim := &pgx.Batch{}
+	began := time.Now() // about when the transaction's now() is taken
 	claim.Queue("BEGIN")
-	claim.Queue(claimSQL, r.cfg.BatchSize)
+	claim.Queue(claimSQL, r.cfg.BatchSize, r.claimWindow())
 	br := c.SendBatch(ctx, claim)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -755,10 +931,17 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 			rawHeaders []byte
 			occurredAt time.Time
 			att        int
+			overtaken  bool
 		)
-		if err := rows.Scan(&id, &m.Type, &m.Key, &m.Body, &rawHeaders, &occurredAt, &att); err != nil {
+		if err := rows.Scan(&id, &m.Type, &m.Key, &m.Body, &rawHeaders, &occurredAt, &att, &overtaken); err != nil {
 			rows.Close()
 			return dbErr("claim", err)
+		}
+		if overtaken {
+			// A lower row of this key is still to publish: leave this one
+			// (locked until the commit) to the next batch.
+			res.deferred = true
+			continue
 		}
 		m.ID = strconv.FormatInt(id, 10)
 		m.Headers = map[string]string{}
@@ -810,6 +993,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	}
 	failed := broker.FailedIndexes(perr, len(msgs))
 	shutdown := ctx.Err() != nil
+	confirmedAfter := mstart.Sub(began).Microseconds()
 
 	// Mark even when ctx was cancelled meanwhile: the broker has the
 	// confirmed messages, and not marking them would publish them again.
@@ -820,7 +1004,8 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		failIDs    []int64
 		failErrs   []string
 		failDelays []int64
-		rowOnly    = true
+		downIDs    []int64 // not published because the broker failed
+		downErr    error
 	)
 	for i, id := range ids {
 		ferr, bad := failed[i]
@@ -831,29 +1016,35 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		if shutdown && (errors.Is(ferr, context.Canceled) || errors.Is(ferr, context.DeadlineExceeded)) {
 			continue // interrupted by our own shutdown: not the row's failure
 		}
-		var delay time.Duration
-		if rowFailure(ferr) {
-			delay = retryDelay(attempts[i], r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
-		} else {
-			rowOnly = false
+		if !broker.IsMessageFault(ferr) {
+			// The broker failed, not the row: no attempt is counted and
+			// the row keeps its place; the relay pauses as a whole.
+			downIDs = append(downIDs, id)
+			if downErr == nil {
+				downErr = ferr
+			}
+			continue
 		}
 		failIDs = append(failIDs, id)
 		failErrs = append(failErrs, broker.TruncateReason(ferr.Error()))
-		failDelays = append(failDelays, delay.Milliseconds())
+		failDelays = append(failDelays, retryDelay(attempts[i], r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff).Milliseconds())
 	}
 	mark := &pgx.Batch{}
 	if len(okIDs) > 0 {
-		mark.Queue(markSQL, okIDs)
+		mark.Queue(markSQL, okIDs, confirmedAfter)
 	}
 	if len(failIDs) > 0 {
 		mark.Queue(failSQL, failIDs, failErrs, failDelays)
+	}
+	if len(downIDs) > 0 {
+		mark.Queue(outageSQL, downIDs, broker.TruncateReason(r.unavailableReason(downErr)))
 	}
 	mark.Queue("COMMIT")
 	if err := c.SendBatch(mctx, mark).Close(); err != nil || c.Conn().PgConn().TxStatus() != 'I' {
 		if err == nil {
 			err = errors.New("transaction still open after COMMIT")
 		}
-		return batchResult{claimed: len(msgs), publishDur: res.publishDur, err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown}
+		return batchResult{claimed: len(msgs), publishDur: res.publishDur, err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown, dbFault: true}
 	}
 	res.markDur = time.Since(mstart)
 	res.published = len(okIDs)
@@ -864,19 +1055,28 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		if !errors.As(perr, &pe) {
 			res.err = fmt.Errorf("outbox: relay: publish: %w", perr)
 		}
-		res.outage = !rowOnly
-		if rowOnly && len(failIDs) > 0 {
-			r.log.Warn("outbox: relay: messages failed to publish, retrying them later",
-				"failed", len(failIDs), "first_id", failIDs[0], "err", failErrs[0])
+		res.outage = len(downIDs) > 0
+		if len(failIDs) > 0 {
+			r.log.Warn("outbox: relay: messages refused by the broker or its adapter, parking them with backoff",
+				"broker", r.brokerName, "failed", len(failIDs), "first_id", failIDs[0], "err", failErrs[0])
 		}
 	}
 	return res
 }
 
-// rowFailure reports whether err is a failure of the message itself rather
-// than of the broker as a whole.
-func rowFailure(err error) bool {
-	return errors.Is(err, broker.ErrUnroutable) || errors.Is(err, broker.ErrMessageTooLarge) || errors.Is(err, broker.ErrNacked)
+// claimWindow is how many ids, from the lowest due one, a claim looks at:
+// enough to pass the batches in flight of 16 claimers of this relay's
+// BatchSize (several relays' loops), at least 10000. Rows beyond it are
+// claimed once the rows below are published.
+func (r *Relay) claimWindow() int {
+	return max(10000, 16*r.cfg.BatchSize)
+}
+
+// unavailableReason is the last_error of a row the relay could not publish
+// because the broker as a whole failed: it starts with "broker
+// unavailable" and names the broker.
+func (r *Relay) unavailableReason(err error) string {
+	return fmt.Sprintf("broker unavailable (%s): %v", r.brokerName, err)
 }
 
 // retryDelay is base * 2^attempts, capped at max (attempts before this

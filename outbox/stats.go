@@ -34,14 +34,17 @@ type Stats struct {
 	// ProcessedLastHour is the number of rows marked processed in the
 	// last hour.
 	ProcessedLastHour int64
-	// Parked is the number of unprocessed rows whose publication already
-	// failed at least once (attempts > 0).
+	// Parked is the number of unprocessed rows whose publication failed
+	// for a reason of their own at least once (attempts > 0; see
+	// broker.IsMessageFault). Rows that only waited out a broker outage
+	// are not parked: an outage counts no attempts.
 	Parked int64
 	// ParkedRows lists up to MaxParkedRows parked rows, oldest first.
 	ParkedRows []ParkedRow
 }
 
-// ParkedRow is an unprocessed row whose publication failed.
+// ParkedRow is an unprocessed row whose publication failed for a reason
+// of its own; RetryParked and DropParked act on one.
 type ParkedRow struct {
 	// ID is the row id (the message ID as a decimal number).
 	ID int64

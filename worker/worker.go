@@ -231,6 +231,16 @@ type Config struct {
 	// (10), or to Concurrency × BatchSize when that is larger, so no
 	// handler idles for want of a delivery.
 	Prefetch int
+	// Ordered asks the subscription for per-key order
+	// (broker.SubscribeOptions.Ordered): a message with a Key is handed to
+	// a handler only after the previous message of its Key was settled, so
+	// the handlers of one key run one after the other, in the order the
+	// broker holds them, up to retries (a retried message comes back after
+	// later messages of its key). Messages of other keys run concurrently.
+	// It holds per worker: several workers on one queue share its messages.
+	// Run fails with an error wrapping broker.ErrUnsupported on a broker
+	// whose Capabilities.Ordering is broker.OrderingNone.
+	Ordered bool
 	// BatchSize is the most deliveries one handling goroutine handles in
 	// one transaction. Defaults to DefaultBatchSize (1): one transaction per
 	// delivery. With BatchSize > 1 a goroutine takes the deliveries already
@@ -430,6 +440,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	sub, err := w.cfg.Broker.Subscribe(ctx, w.cfg.Queue, broker.SubscribeOptions{
 		Prefetch:    w.cfg.Prefetch,
 		AckDeadline: w.cfg.AckDeadline,
+		Ordered:     w.cfg.Ordered,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

@@ -16,7 +16,9 @@
 //
 // The suite checks the contract written in package broker's doc comments:
 // idempotent Declare, confirmed Publish with per-message failures
-// (ErrUnroutable, ErrMessageTooLarge), context deadlines, prefetch, retry to
+// (ErrUnroutable, ErrMessageTooLarge, and every refusal of a message's
+// names, lengths or characters a message fault, broker.IsMessageFault),
+// per-key order of SubscribeOptions.Ordered, context deadlines, prefetch, retry to
 // the failing queue only, the DLQ (List, Replay, Purge, also from a broker
 // that did not declare the queue, and ErrUnknownQueue without creating
 // anything for a queue that exists nowhere), settlement rules,
@@ -113,6 +115,8 @@ func RunConformance(t *testing.T, h Harness) {
 			{"Ordering", s.testOrdering},
 			{"Unroutable", s.testUnroutable},
 			{"TooLarge", s.testTooLarge},
+			{"InvalidMessageIsMessageFault", s.testInvalidMessage},
+			{"OrderedSubscription", s.testOrderedSubscription},
 			{"ContextDeadline", s.testContextDeadline},
 			{"Prefetch", s.testPrefetch},
 			{"RetryOnlyToFailingQueue", s.testRetry},
@@ -485,6 +489,147 @@ func (s *suite) testOrdering(t *testing.T) {
 			require.True(t, sort.StringsAreSorted(ids), "OrderingKey: publish order within key %s, got %v", k, ids)
 		}
 	}
+}
+
+// testInvalidMessage: every message an adapter refuses for itself (names,
+// lengths, characters, encodings it cannot carry) fails alone, with an
+// error broker.IsMessageFault recognises, and the valid messages of the
+// batch are confirmed: a caller such as the outbox relay must be able to
+// park the one message without taking the broker for unreachable. A
+// message the broker accepts is fine too; it must then arrive.
+func (s *suite) testInvalidMessage(t *testing.T) {
+	tp := s.topo(t, q("a", "evt.#"))
+	b := s.declared(t, tp)
+	sub := subscribe(t, b, tp.Queues[0].Name, 50)
+	hdr := func(id, k, v string) *broker.Message {
+		m := msg(id, "evt.ok")
+		m.Headers = map[string]string{k: v}
+		return m
+	}
+	withKey := func(id, key string) *broker.Message {
+		m := msg(id, "evt.ok")
+		m.Key = key
+		return m
+	}
+	batch := []*broker.Message{
+		msg("ok-first", "evt.ok"),
+		{ID: "", Type: "evt.ok", Body: []byte("x")},
+		{ID: strings.Repeat("i", 300), Type: "evt.ok", Body: []byte("x")},
+		msg("bad-type-long", "evt."+strings.Repeat("t", 300)),
+		msg("bad-type-space", "evt.with space"),
+		msg("bad-type-gt", "evt.>"),
+		hdr("bad-hdr-empty", "", "v"),
+		hdr("bad-hdr-long", strings.Repeat("h", 200), "v"),
+		hdr("bad-hdr-colon", "a:b", "v"),
+		hdr("bad-hdr-space", "a b", "v"),
+		hdr("bad-hdr-crlf", "h", "a\r\nb"),
+		hdr("bad-hdr-nonascii", "é", "v"),
+		withKey("bad-key-crlf", "a\r\nb"),
+		msg("ok-last", "evt.ok"),
+	}
+	err := b.Publish(ctxFor(t, 30*time.Second), batch)
+	failed := broker.FailedIndexes(err, len(batch))
+	require.NotContains(t, failed, 0, "a valid message is confirmed beside invalid ones: %v", err)
+	require.NotContains(t, failed, len(batch)-1, "a valid message is confirmed beside invalid ones: %v", err)
+	var pe *broker.PublishError
+	if err != nil {
+		require.ErrorAs(t, err, &pe, "per-message failures come as a *broker.PublishError")
+	}
+	accepted := []string{}
+	for i, m := range batch {
+		if e, bad := failed[i]; bad {
+			require.True(t, broker.IsMessageFault(e), "message %d (%.40q) failed with %v: not a message fault, a caller would take it for an outage", i, m.ID, e)
+			continue
+		}
+		accepted = append(accepted, m.ID)
+	}
+	t.Logf("%s accepted %d of %d messages; refused: %v", b.Capabilities().Name, len(accepted), len(batch), err)
+	require.ElementsMatch(t, accepted, receiveIDs(t, sub, len(accepted)))
+}
+
+// testOrderedSubscription: with SubscribeOptions.Ordered and several
+// concurrent receivers that settle slowly, the deliveries of one key are
+// handed out one at a time, in publish order, while other keys are not
+// held back. A broker with OrderingNone refuses Ordered with
+// ErrUnsupported.
+func (s *suite) testOrderedSubscription(t *testing.T) {
+	tp := s.topo(t, q("a", "evt.ord"))
+	b := s.declared(t, tp)
+	sub, err := b.Subscribe(ctxFor(t, 30*time.Second), tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 20, AckDeadline: ackDeadline, Ordered: true})
+	if b.Capabilities().Ordering == broker.OrderingNone {
+		require.ErrorIs(t, err, broker.ErrUnsupported)
+		return
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	const keys, perKey = 4, 15
+	var msgs []*broker.Message
+	for i := 0; i < perKey; i++ {
+		for k := 0; k < keys; k++ {
+			m := msg(fmt.Sprintf("%d-%03d", k, i), "evt.ord")
+			m.Key = fmt.Sprintf("key-%d", k)
+			msgs = append(msgs, m)
+		}
+	}
+	publish(t, b, msgs...)
+	var (
+		mu         sync.Mutex
+		got        = map[string][]string{}
+		inFlight   = map[string]bool{}
+		overlap    int
+		maxRunning int
+		running    int
+		wg         sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for range 6 {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				n := 0
+				for _, ids := range got {
+					n += len(ids)
+				}
+				mu.Unlock()
+				if n >= len(msgs) {
+					return
+				}
+				rctx, rcancel := context.WithTimeout(ctx, arrive)
+				d, err := sub.Receive(rctx)
+				rcancel()
+				if err != nil {
+					return
+				}
+				m := d.Message()
+				mu.Lock()
+				if inFlight[m.Key] {
+					overlap++
+				}
+				inFlight[m.Key] = true
+				got[m.Key] = append(got[m.Key], m.ID)
+				running++
+				maxRunning = max(maxRunning, running)
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				mu.Lock()
+				inFlight[m.Key] = false
+				running--
+				mu.Unlock()
+				require.NoError(t, d.Ack(ctx))
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, overlap, "two deliveries of one key were handed out at once")
+	for k := 0; k < keys; k++ {
+		ids := got[fmt.Sprintf("key-%d", k)]
+		require.Len(t, ids, perKey, "key-%d", k)
+		require.True(t, sort.StringsAreSorted(ids), "key-%d out of order: %v", k, ids)
+	}
+	require.Greater(t, maxRunning, 1, "other keys are not held back")
 }
 
 func (s *suite) testFanOut(t *testing.T) {

@@ -433,6 +433,10 @@ func (b *natsBroker) declaredQueue(queue string) (*declared, *queueInfo, error) 
 // do not sit in a client buffer while their AckWait runs. AckDeadline
 // becomes the consumer's AckWait (the consumer is shared by every
 // subscriber of the queue, so the last Subscribe's AckDeadline wins).
+// With opts.Ordered the subscription is wrapped by
+// broker.OrderedSubscription: the consumer hands out in stream order, and a
+// key's next delivery waits for the previous one's settlement (per
+// subscription: the subscriptions of one queue share its messages).
 func (b *natsBroker) Subscribe(ctx context.Context, queue string, opts broker.SubscribeOptions) (broker.Subscription, error) {
 	d, qi, err := b.declaredQueue(queue)
 	if err != nil {
@@ -472,6 +476,11 @@ func (b *natsBroker) Subscribe(ctx context.Context, queue string, opts broker.Su
 		return nil, broker.ErrClosed
 	}
 	b.subs[s] = struct{}{}
+	if opts.Ordered {
+		// The consumer delivers in stream order; hold back each key's
+		// next delivery until the one before it is settled.
+		return broker.OrderedSubscription(s), nil
+	}
 	return s, nil
 }
 

@@ -432,7 +432,7 @@ func TestRestartKeepsRetriesAndDeadLetters(t *testing.T) {
 }
 
 // TestInvalidMessagesRefused: messages NATS cannot carry fail alone, with
-// broker.ErrNacked (a failure of the message, not of the broker); the
+// broker.ErrInvalidMessage (a failure of the message, not of the broker); the
 // others of the batch are confirmed.
 func TestInvalidMessagesRefused(t *testing.T) {
 	t.Parallel()
@@ -452,7 +452,8 @@ func TestInvalidMessagesRefused(t *testing.T) {
 	failed := broker.FailedIndexes(err, len(batch))
 	require.Len(t, failed, len(batch)-2, "%v", err)
 	for i, e := range failed {
-		require.ErrorIs(t, e, broker.ErrNacked, "index %d", i)
+		require.ErrorIs(t, e, broker.ErrInvalidMessage, "index %d", i)
+		require.True(t, broker.IsMessageFault(e), "index %d", i)
 	}
 	require.NotContains(t, failed, 0)
 	require.NotContains(t, failed, len(batch)-1)

@@ -23,8 +23,9 @@ import (
 // a *broker.PublishError: a Type that no declared queue binds wraps
 // broker.ErrUnroutable (JetStream with interest retention would otherwise
 // drop it silently), an oversized message wraps broker.ErrMessageTooLarge,
-// an invalid ID, Type (not usable as NATS subject words) or header, and a
-// message the server refuses, wrap broker.ErrNacked and name the field;
+// an invalid ID, Type (not usable as NATS subject words), Key or header
+// wraps broker.ErrInvalidMessage and names the field, a message the server
+// refuses wraps broker.ErrNacked;
 // other errors (no stream answered, connection lost, ctx done) mean the
 // broker, not the message, failed. A publish confirmed as a duplicate
 // counts as confirmed.
@@ -54,9 +55,9 @@ func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error 
 	for i, m := range msgs {
 		if err := b.toWire(d, m, &wire[i]); err != nil {
 			if !errors.Is(err, broker.ErrMessageTooLarge) && !errors.Is(err, broker.ErrUnroutable) {
-				// An invalid message: refused for itself, like a nack, so
-				// the caller does not take it for a broker outage.
-				err = fmt.Errorf("%w: %w", broker.ErrNacked, err)
+				// An invalid message: refused for itself, so the caller
+				// does not take it for a broker outage.
+				err = fmt.Errorf("%w: %w", broker.ErrInvalidMessage, err)
 			}
 			batch.errs[i] = &refused{err}
 			continue

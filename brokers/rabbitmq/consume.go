@@ -21,7 +21,10 @@ import (
 // default, closes channels that hold a delivery longer). Subscribe waits
 // until the consumer is registered, at most 5s (or ctx); when the server is
 // unreachable or refuses the consumer it returns the subscription anyway,
-// which keeps trying every Config.ReconnectDelay.
+// which keeps trying every Config.ReconnectDelay. With opts.Ordered the
+// subscription is wrapped by broker.OrderedSubscription: a queue hands out
+// in queue order, and a key's next delivery waits for the previous one's
+// settlement.
 func (r *rabbit) Subscribe(ctx context.Context, queue string, opts broker.SubscribeOptions) (broker.Subscription, error) {
 	if r.closed.Load() {
 		return nil, broker.ErrClosed
@@ -64,6 +67,11 @@ func (r *rabbit) Subscribe(ctx context.Context, queue string, opts broker.Subscr
 	case <-s.started:
 	case <-ctx.Done():
 	case <-time.After(5 * time.Second):
+	}
+	if opts.Ordered {
+		// A queue delivers in queue order; hold back each key's next
+		// delivery until the one before it is settled.
+		return broker.OrderedSubscription(s), nil
 	}
 	return s, nil
 }

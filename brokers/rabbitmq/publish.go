@@ -271,8 +271,11 @@ confirms:
 }
 
 // Publish implements broker.Broker. Messages that fail validation (no ID or
-// Type, an ID or Type over 255 bytes, too large) are not sent and are
-// reported in the *broker.PublishError with the others that failed.
+// Type, an ID or Type over 255 bytes, a header name empty, over 128 bytes
+// or reserved: broker.ErrInvalidMessage; too large:
+// broker.ErrMessageTooLarge) are not sent and are reported in the
+// *broker.PublishError with the others that failed; the valid messages of
+// the batch are published all the same.
 func (r *rabbit) Publish(ctx context.Context, msgs []*broker.Message) error {
 	if r.closed.Load() {
 		return broker.ErrClosed
@@ -359,19 +362,26 @@ func sortFailed(f []broker.FailedMessage) {
 	}
 }
 
-// check validates one message for Publish.
+// check validates one message for Publish. Every refusal is a failure of
+// the message itself: it wraps broker.ErrInvalidMessage, or
+// broker.ErrMessageTooLarge for sizes, so that a caller such as the outbox
+// relay retries that message with its own backoff and does not take it for
+// an outage.
 func (r *rabbit) check(m *broker.Message) error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{broker.ErrInvalidMessage}, args...)...)
+	}
 	switch {
 	case m == nil:
-		return errors.New("rabbitmq: publish: nil message")
+		return invalid("rabbitmq: publish: nil message")
 	case m.ID == "":
-		return errors.New("rabbitmq: publish: Message.ID is required")
+		return invalid("rabbitmq: publish: Message.ID is required")
 	case len(m.ID) > 255:
-		return fmt.Errorf("rabbitmq: publish: Message.ID is %d bytes, at most 255 (AMQP message-id)", len(m.ID))
+		return invalid("rabbitmq: publish: Message.ID is %d bytes, at most 255 (AMQP message-id)", len(m.ID))
 	case m.Type == "":
-		return fmt.Errorf("rabbitmq: publish %s: Message.Type is required", m.ID)
+		return invalid("rabbitmq: publish %s: Message.Type is required", m.ID)
 	case len(m.Type) > 255:
-		return fmt.Errorf("rabbitmq: publish %s: Message.Type is %d bytes, at most 255 (AMQP routing key)", m.ID, len(m.Type))
+		return invalid("rabbitmq: publish %s: Message.Type is %d bytes, at most 255 (AMQP routing key)", m.ID, len(m.Type))
 	}
 	if size := m.Size(); size > r.cfg.MaxMessageBytes {
 		return fmt.Errorf("rabbitmq: publish %s: %d bytes, at most %d: %w", m.ID, size, r.cfg.MaxMessageBytes, broker.ErrMessageTooLarge)
@@ -386,10 +396,10 @@ func (r *rabbit) check(m *broker.Message) error {
 	}
 	for k := range m.Headers {
 		if k == "" || len(k) > 128 {
-			return fmt.Errorf("rabbitmq: publish %s: header name %q: want 1..128 bytes (AMQP field name)", m.ID, k)
+			return invalid("rabbitmq: publish %s: header name %q: want 1..128 bytes (AMQP field name)", m.ID, k)
 		}
 		if k == keyHeader {
-			return fmt.Errorf("rabbitmq: publish %s: header name %q is reserved by the adapter", m.ID, k)
+			return invalid("rabbitmq: publish %s: header name %q is reserved by the adapter", m.ID, k)
 		}
 	}
 	return nil

@@ -66,6 +66,7 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("DuplicateMessageHandledOnce", func(t *testing.T) { testDuplicate(t, s) })
 	t.Run("AlreadyProcessedIsDuplicate", func(t *testing.T) { testAlreadyProcessed(t, s) })
 	t.Run("ManyMessagesEachOnce", func(t *testing.T) { testMany(t, s) })
+	t.Run("OrderedHandlesAKeyInOrder", func(t *testing.T) { testOrdered(t, s) })
 	t.Run("RetriesThenDeadLetter", func(t *testing.T) { testRetriesThenDLQ(t, s) })
 	t.Run("LostSettlementsKeepAttempts", func(t *testing.T) { testLostSettlements(t, s) })
 	t.Run("AttemptRecordClearedOnSuccess", func(t *testing.T) { testAttemptRecordClearedOnSuccess(t, s) })
@@ -350,6 +351,65 @@ func testMany(t *testing.T, s suite) {
 	require.Equal(t, n, count(t, f.pool, `SELECT count(*) FROM side_effects`))
 	require.Equal(t, n, count(t, f.pool, `SELECT count(DISTINCT message_id) FROM side_effects`))
 	require.Equal(t, n, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'many'`))
+}
+
+// testOrdered: with Config.Ordered and 8 concurrent handlers, the
+// messages of one key are handled one after the other, in publish order,
+// while other keys run alongside.
+func testOrdered(t *testing.T, s suite) {
+	f := setup(t, s, 1)
+	out := newOutcomes()
+	var (
+		mu       sync.Mutex
+		order    = map[string][]int{}
+		inFlight = map[string]bool{}
+		overlaps int
+		running  int
+		maxRun   int
+	)
+	cfg := f.config("ordered", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		n, _ := strconv.Atoi(msg.ID)
+		mu.Lock()
+		if inFlight[msg.Key] {
+			overlaps++
+		}
+		inFlight[msg.Key] = true
+		order[msg.Key] = append(order[msg.Key], n)
+		running++
+		maxRun = max(maxRun, running)
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		inFlight[msg.Key] = false
+		running--
+		mu.Unlock()
+		return nil
+	})
+	cfg.Concurrency = 8
+	cfg.Ordered = true
+	cfg.OnOutcome = out.hook
+	const keys, perKey = 4, 40
+	var msgs []*broker.Message
+	for i := range perKey {
+		for k := range keys {
+			m := f.msg(strconv.Itoa(1 + i*keys + k))
+			m.Key = "key-" + strconv.Itoa(k)
+			msgs = append(msgs, m)
+		}
+	}
+	f.publish(t, msgs...)
+	start(t, cfg)
+	out.waitCount(t, worker.OutcomeAck, keys*perKey)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, overlaps, "two messages of one key were handled at once")
+	for k, ns := range order {
+		require.Len(t, ns, perKey, k)
+		for i := 1; i < len(ns); i++ {
+			require.Less(t, ns[i-1], ns[i], "key %s handled out of order: %v", k, ns)
+		}
+	}
+	require.Greater(t, maxRun, 1, "other keys run alongside")
 }
 
 // failureRec records an OnFailure call.

@@ -161,7 +161,7 @@ func newObservability(ctx context.Context, set *obsSettings, brokerName string, 
 		return nil, err
 	}
 	o.metrics = m
-	if err := metrics.RegisterOutbox(o.reg, brokerName, o.outboxStats); err != nil {
+	if err := metrics.RegisterOutboxStats(o.reg, brokerName, o.outboxGauges); err != nil {
 		return nil, err
 	}
 	shutdown, err := tracing.Setup(ctx, tracing.Config{OTLPEndpoint: set.otlpEndpoint, ServiceName: "ferry", Logger: log})
@@ -178,6 +178,12 @@ func newObservability(ctx context.Context, set *obsSettings, brokerName string, 
 func (o *observability) outboxStats(ctx context.Context) (int, time.Duration, error) {
 	s, err := outbox.ReadStats(ctx, o.pool)
 	return int(s.Unprocessed), s.OldestUnprocessedAge, err
+}
+
+// outboxGauges feeds the outbox gauges, ferry_outbox_parked_rows included.
+func (o *observability) outboxGauges(ctx context.Context) (metrics.OutboxStats, error) {
+	s, err := outbox.ReadStats(ctx, o.pool)
+	return metrics.OutboxStats{Unprocessed: int(s.Unprocessed), Oldest: s.OldestUnprocessedAge, Parked: int(s.Parked)}, err
 }
 
 // close flushes pending spans (at most 5 s).

@@ -2,7 +2,10 @@ package ferrycli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -14,14 +17,92 @@ import (
 func outboxCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "outbox",
-		Usage: "inspect the outbox",
+		Usage: "inspect the outbox, retry or drop parked rows",
 		Subcommands: []*cli.Command{{
 			Name:   "stats",
 			Usage:  "unprocessed rows, age of the oldest, rows published in the last minute and hour, parked rows",
 			Flags:  concat(databaseFlags(), logFlags(), []cli.Flag{formatFlag()}),
 			Action: outboxStats,
+		}, {
+			Name:   "retry",
+			Usage:  "make parked rows (see outbox stats) due now: the next claim of any relay publishes them, whatever their backoff; logged with who and when",
+			Flags:  concat(databaseFlags(), logFlags(), []cli.Flag{parkedIDFlag()}),
+			Action: func(c *cli.Context) error { return outboxParked(c, "retry") },
+		}, {
+			Name:   "drop",
+			Usage:  "delete parked rows for good (their events are never published); needs --yes; logged with who, when and what the row was",
+			Flags:  concat(databaseFlags(), logFlags(), []cli.Flag{parkedIDFlag(), &cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
+			Action: func(c *cli.Context) error { return outboxParked(c, "drop") },
 		}},
 	}
+}
+
+func parkedIDFlag() cli.Flag {
+	return &cli.StringSliceFlag{Name: flagID, Usage: "outbox row id of a parked row (repeatable, or comma-separated)"}
+}
+
+// outboxParked is `ferry outbox retry` and `ferry outbox drop`: each row
+// acted on is logged at INFO like a DLQ replay (id, type, attempts,
+// last_error, by, at); ids that are not parked rows fail the command after
+// the others were done.
+func outboxParked(c *cli.Context, op string) error {
+	var ids []int64
+	for _, v := range c.StringSlice(flagID) {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			id, err := strconv.ParseInt(f, 10, 64)
+			if err != nil || id <= 0 {
+				return usagef("outbox %s: --%s %q: want a positive outbox row id", op, flagID, f)
+			}
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return usagef("outbox %s: say which rows: --%s ID (repeatable); ferry outbox stats lists the parked rows", op, flagID)
+	}
+	if op == "drop" && !c.Bool(flagYes) {
+		return usagef("outbox drop deletes %d row(s) for good, their events are never published: add --%s to confirm", len(ids), flagYes)
+	}
+	s, log, err := setup(c, "info")
+	if err != nil {
+		return err
+	}
+	st, err := openStack(c.Context, s, log, false)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	if err := st.checkSchema(c.Context, false); err != nil {
+		return err
+	}
+	fn := outbox.RetryParked
+	if op == "drop" {
+		fn = outbox.DropParked
+	}
+	who := operator()
+	var done, missing []string
+	for _, id := range ids {
+		p, err := fn(c.Context, st.pool, id)
+		if errors.Is(err, outbox.ErrNotParked) {
+			missing = append(missing, strconv.FormatInt(id, 10))
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ferry: outbox %s: %d done before the error: %w", op, len(done), err)
+		}
+		log.Info("outbox "+op, "id", p.ID, "type", p.Type, "attempts", p.Attempts, "last_error", p.LastError,
+			"by", who, "at", time.Now().UTC().Format(time.RFC3339))
+		done = append(done, strconv.FormatInt(id, 10))
+	}
+	verb := map[string]string{"retry": "made due now", "drop": "dropped"}[op]
+	fmt.Fprintf(c.App.Writer, "%s %d parked row(s)%s\n", verb, len(done), listSuffix(done))
+	if len(missing) > 0 {
+		return fmt.Errorf("ferry: outbox %s: %d of %d id(s) are not parked rows (no unprocessed row with failed attempts): %s; see ferry outbox stats",
+			op, len(missing), len(ids), strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // statsJSON is `outbox stats --format json`.

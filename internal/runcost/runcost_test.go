@@ -1,0 +1,70 @@
+package runcost
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/internal/procstat"
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// A run of 200 committed inserts on another pool, closed before Stop,
+// shows as at least 200 commits, WAL written, and CPU of this process and
+// of PostgreSQL.
+func TestMeterCountsCommitsWALAndCPU(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, dsn := testenv.NewPool(t)
+	_, err := admin.Exec(ctx, `CREATE TABLE t (id bigserial PRIMARY KEY, body text)`)
+	require.NoError(t, err)
+	pg, err := Postgres(ctx, admin)
+	require.NoError(t, err)
+	st, err := procstat.ReadStat(pg.PID)
+	require.NoError(t, err)
+	require.Contains(t, []string{"postgres", "postmaster"}, st.Comm)
+
+	m, err := Start(ctx, admin, Self("app"), pg)
+	require.NoError(t, err)
+	run, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	const n = 200
+	for range n {
+		_, err := run.Exec(ctx, `INSERT INTO t (body) VALUES (repeat('x', 100))`)
+		require.NoError(t, err)
+	}
+	run.Close()
+	c, err := m.Stop(ctx, admin)
+	require.NoError(t, err)
+
+	require.Zero(t, c.Lagging)
+	require.GreaterOrEqual(t, c.Commits, int64(n))
+	require.Less(t, c.Commits, int64(n+20))
+	require.GreaterOrEqual(t, c.WALBytes, int64(n*100))
+	require.GreaterOrEqual(t, c.WALSyncs, int64(1))
+	require.Len(t, c.CPU, 2)
+	require.Equal(t, "postgres", c.CPU[1].Name)
+	require.Positive(t, c.CPU[1].CPU, "200 transactions cost PostgreSQL some CPU")
+	ms := c.Metrics(n)
+	require.Equal(t, "all-cpu-s/1k", ms[2].Unit)
+	require.InDelta(t, c.TotalCPU().Seconds()/(n/1000.0), ms[2].Value, 1e-9)
+	require.Equal(t, "commits/event", ms[4].Unit)
+}
+
+// The broker of this checkout is found by the port of its URL.
+func TestListenerFindsTheBrokers(t *testing.T) {
+	for name, u := range map[string]string{"rabbitmq": testenv.RabbitMQURL(), "nats": testenv.NATSURL()} {
+		testenv.RequireTCP(t, name, testenv.HostPort(u))
+		p, err := Listener(name, u)
+		require.NoError(t, err, name)
+		st, err := procstat.ReadStat(p.PID)
+		require.NoError(t, err)
+		want := map[string]string{"rabbitmq": "beam.smp", "nats": "nats-server"}[name]
+		require.Equal(t, want, st.Comm, name)
+	}
+	_, err := Listener("nothing", "amqp://127.0.0.1:1/")
+	require.ErrorIs(t, err, procstat.ErrNotFound)
+}

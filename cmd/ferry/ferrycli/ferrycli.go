@@ -115,6 +115,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			demoCommand(),
 			dlqCommand(),
 			outboxCommand(),
+			benchCommand(),
 		},
 	}
 	quietUsageErrors(a.Commands)

@@ -73,7 +73,7 @@ func startPipeline(ctx context.Context, t Target, db *database, tp broker.Topolo
 			return nil, nil, fmt.Errorf("bench: %s: %w", t.Name, err)
 		}
 		p.closers = append(p.closers, func() { _ = br.Close() })
-		if err := br.Declare(ctx, tp); err != nil {
+		if err := declare(ctx, br, tp); err != nil {
 			return nil, nil, fmt.Errorf("bench: %s: declare: %w", t.Name, err)
 		}
 		pool, err := db.pool(ctx, conns)
@@ -205,4 +205,22 @@ func (f levelFilter) WithAttrs(as []slog.Attr) slog.Handler {
 }
 func (f levelFilter) WithGroup(name string) slog.Handler {
 	return levelFilter{h: f.h.WithGroup(name), min: f.min}
+}
+
+// declare declares tp, trying up to three times half a second apart: a
+// JetStream server has been seen to refuse a stream's creation once
+// ("error creating store for stream") and accept it right after.
+func declare(ctx context.Context, br broker.Broker, tp broker.Topology) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = br.Declare(ctx, tp); err == nil || errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return err
 }

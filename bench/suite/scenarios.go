@@ -170,7 +170,7 @@ func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
 	defer pool.Close()
 
 	procs, note := r.processes(ctx, db, t)
-	meter, err := runcost.Start(ctx, db.admin, procs...)
+	meter, err := startMeter(ctx, db.admin, procs)
 	if err != nil {
 		return nil, err
 	}
@@ -196,9 +196,12 @@ func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
 		return nil, err
 	}
 	pool.Close()
-	cost, err := meter.Stop(ctx, db.admin)
+	cost, err := meter.stop(ctx, db.admin)
 	if err != nil {
 		return nil, err
+	}
+	if meter.note != "" {
+		note = strings.TrimPrefix(note+"; "+meter.note, "; ")
 	}
 	out := Result{Messages: n, Seconds: elapsed.Seconds(), Note: note}
 	out.add("throughput", rate(n, elapsed), "events/s")
@@ -216,8 +219,10 @@ func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
 		}
 	}
 	out.add("CPU all", per["all"], "s/1k events")
-	out.add("WAL", float64(cost.WALBytes)/float64(n), "B/event")
-	out.add("commits", float64(cost.Commits)/float64(n), "/event")
+	if meter.full != nil {
+		out.add("WAL", float64(cost.WALBytes)/float64(n), "B/event")
+		out.add("commits", float64(cost.Commits)/float64(n), "/event")
+	}
 	return []Result{out}, nil
 }
 
@@ -360,8 +365,14 @@ func cdf(sorted []time.Duration) []Point {
 	return pts
 }
 
-// orderingKeys is K, the keys the ordering scenario spreads events over.
-const orderingKeys = 10
+// orderingKeys is K, the keys the ordering scenario spreads events over:
+// fewer than the deliveries in flight (orderingPrefetch), so two events
+// of one key can be handled at once.
+const orderingKeys = 4
+
+// orderingPrefetch is the subscription's prefetch in the ordering
+// scenario: the worker's default (broker.DefaultPrefetch).
+const orderingPrefetch = broker.DefaultPrefetch
 
 // ordering: events over K keys published in order, consumed by 1 and 4
 // concurrent consumers with and without the ordered subscription;
@@ -397,7 +408,7 @@ func (r *runner) orderingRun(ctx context.Context, t Target, n, workers int, orde
 	defer br.Close()
 	tp := topology()
 	defer r.cleanup(t, tp)
-	if err := br.Declare(ctx, tp); err != nil {
+	if err := declare(ctx, br, tp); err != nil {
 		return res, err
 	}
 	// Publish in order, one batch after the other: the sequence of a key
@@ -418,7 +429,7 @@ func (r *runner) orderingRun(ctx context.Context, t Target, n, workers int, orde
 			batch = batch[:0]
 		}
 	}
-	sub, err := br.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 2 * workers, Ordered: ordered})
+	sub, err := br.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: orderingPrefetch, Ordered: ordered})
 	if errors.Is(err, broker.ErrUnsupported) {
 		res.Status, res.Note = statusUnsupported, err.Error()
 		return res, nil
@@ -480,7 +491,7 @@ func (r *runner) orderingRun(ctx context.Context, t Target, n, workers int, orde
 	res.Seconds = time.Since(start).Seconds()
 	res.add("violations", float64(counter.Violations()), "")
 	res.add("handled", float64(counter.Seen()), "")
-	res.Note = fmt.Sprintf("%d keys; broker ordering scope %q", orderingKeys, br.Capabilities().Ordering)
+	res.Note = fmt.Sprintf("%d keys, prefetch %d; the adapter's Capabilities.Ordering is %q", orderingKeys, orderingPrefetch, br.Capabilities().Ordering)
 	return res, nil
 }
 

@@ -41,6 +41,8 @@ func writeCharts(dir string, res *Results) (map[string]string, error) {
 		switch sc {
 		case ScenarioPipeline:
 			p, err = lineChart(rows, "pipeline: outbox lag while the relay drains it", "seconds since start", "unpublished outbox rows")
+		case ScenarioFaults:
+			p, err = lineChart(rows, "faults: events handled while the broker restarts and relay and worker are killed", "seconds since start", "events handled")
 		case ScenarioLatency:
 			p, err = lineChart(rows, "latency: commit to handled, CDF", "milliseconds", "fraction of events")
 		default:

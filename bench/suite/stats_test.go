@@ -120,3 +120,17 @@ func TestFormatValue(t *testing.T) {
 	require.Equal(t, "2.58", formatValue(2.5812))
 	require.Equal(t, "0.131", formatValue(0.1312))
 }
+
+func TestRecovery(t *testing.T) {
+	// Samples every 0.5 s; the lag is 2 events until the fault at 2 s,
+	// grows to 40 and is back to 3 at 4 s.
+	series := []Point{{X: 0}, {X: 0.5}, {X: 1}, {X: 1.5}, {X: 2}, {X: 2.5}, {X: 3}, {X: 3.5}, {X: 4}, {X: 4.5}}
+	lags := []float64{2, 2, 2, 2, 10, 40, 30, 20, 3, 2}
+	require.InDelta(t, 2.0, recovery(series, lags, 2, 5), 1e-9)
+	// A fault that never shows: the lag stays within the slack.
+	flat := []float64{2, 2, 2, 2, 3, 4, 3, 2, 2, 2}
+	require.Zero(t, recovery(series, flat, 2, 5))
+	// Never caught up.
+	stuck := []float64{2, 2, 2, 2, 10, 40, 50, 60, 70, 80}
+	require.Equal(t, -1.0, recovery(series, stuck, 2, 5))
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 
@@ -27,7 +29,85 @@ const (
 	flagRate      = "rate"
 	flagWorkers   = "workers"
 	flagOut       = "out"
+	flagRestart   = "restart-broker"
+	flagRole      = "role"
 )
+
+// benchExecutable is the program bench starts as `ferry bench-child` for
+// the faults scenario; benchChildEnv is added to its environment. Tests
+// point them at the test binary (see TestMain).
+var (
+	benchExecutable = os.Executable
+	benchChildEnv   []string
+)
+
+// defaultRestart is --restart-broker's default when the current folder
+// is a ferry checkout with its services script.
+const defaultRestart = "compose/local/services.sh restart {broker}"
+
+// benchChildCommand is the hidden command the faults scenario runs as a
+// child process: a relay or a worker it can kill with SIGKILL.
+func benchChildCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "bench-child",
+		Hidden: true,
+		Usage:  "run a relay or worker of ferry bench's faults scenario (started by ferry bench)",
+		Flags: concat(benchBrokerFlags(), []cli.Flag{
+			&cli.StringFlag{Name: flagRole, Required: true, Usage: "relay or worker"},
+			&cli.StringFlag{Name: flagDatabaseURL, Required: true, Usage: "the scenario's database"},
+			&cli.StringFlag{Name: flagBroker, Required: true, Usage: "broker name"},
+			&cli.StringFlag{Name: flagExchange, Required: true, Usage: "the scenario's exchange"},
+			&cli.IntFlag{Name: flagWorkers, Value: 20, Usage: "worker concurrency"},
+		}, logFlags()),
+		Action: func(c *cli.Context) error {
+			log, err := newLogger(c, "warn")
+			if err != nil {
+				return err
+			}
+			f, err := lookupBroker(c.String(flagBroker))
+			if err != nil {
+				return err
+			}
+			opts := benchBrokerOptions(c, log)
+			return suite.RunChild(c.Context, suite.ChildConfig{
+				Role: c.String(flagRole), DatabaseURL: c.String(flagDatabaseURL), Exchange: c.String(flagExchange),
+				Workers: c.Int(flagWorkers), Logger: log,
+				Open: func(ctx context.Context) (broker.Broker, error) { return f(ctx, opts) },
+			})
+		},
+	}
+}
+
+// benchBrokerFlags are the flags that reach the brokers.
+func benchBrokerFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL"},
+		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (with --brokers)"},
+		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port"},
+		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL"},
+		&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Usage: "AWS region (sqs)"},
+	}
+}
+
+func benchBrokerOptions(c *cli.Context, log *slog.Logger) BrokerOptions {
+	return BrokerOptions{
+		RabbitMQURL:  c.String(flagRabbitMQURL),
+		NATSURL:      c.String(flagNATSURL),
+		KafkaBrokers: splitList(c.String(flagKafkaBrokers)),
+		SQSEndpoint:  c.String(flagSQSEndpoint),
+		AWSRegion:    c.String(flagAWSRegion),
+		Logger:       log,
+	}
+}
+
+// brokerArgs are the flags that give a child process the same brokers.
+func (o BrokerOptions) brokerArgs() []string {
+	return []string{
+		"--" + flagRabbitMQURL, o.RabbitMQURL, "--" + flagNATSURL, o.NATSURL,
+		"--" + flagKafkaBrokers, strings.Join(o.KafkaBrokers, ","), "--" + flagSQSEndpoint, o.SQSEndpoint,
+		"--" + flagAWSRegion, o.AWSRegion,
+	}
+}
 
 func benchCommand() *cli.Command {
 	return &cli.Command{
@@ -46,12 +126,8 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: flagWorkers, Value: 20, EnvVars: env("bench-workers"), Usage: "worker concurrency (messages handled at once)"},
 			&cli.StringFlag{Name: flagOut, Value: "bench-results", EnvVars: env("bench-out"), Usage: "folder for results.json, results.md and the charts (created when missing)"},
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
-			&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL"},
-			&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (with --brokers)"},
-			&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port"},
-			&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL"},
-			&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Usage: "AWS region (sqs)"},
-		}, dataDirFlags(), logFlags()),
+			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
+		}, benchBrokerFlags(), dataDirFlags(), logFlags()),
 		Action: runBench,
 	}
 }
@@ -94,14 +170,7 @@ func runBench(c *cli.Context) error {
 	if c.Int(flagRate) < 0 {
 		return usagef("--%s %d: must not be negative (0: flat out)", flagRate, c.Int(flagRate))
 	}
-	opts := BrokerOptions{
-		RabbitMQURL:  c.String(flagRabbitMQURL),
-		NATSURL:      c.String(flagNATSURL),
-		KafkaBrokers: splitList(c.String(flagKafkaBrokers)),
-		SQSEndpoint:  c.String(flagSQSEndpoint),
-		AWSRegion:    c.String(flagAWSRegion),
-		Logger:       log,
-	}
+	opts := benchBrokerOptions(c, log)
 	var names []string
 	embeddedNATS := !c.IsSet(flagBrokers)
 	if embeddedNATS {
@@ -177,7 +246,36 @@ func runBench(c *cli.Context) error {
 	}
 	fmt.Fprintf(out, "ferry bench: database %s; brokers %s; scenarios %s; %d messages of %d body bytes\n",
 		dbWhere, strings.Join(names, ", "), strings.Join(scenarios, ", "), c.Int(flagMessages), c.Int(flagSize))
+	exe, err := benchExecutable()
+	if err != nil {
+		return fmt.Errorf("ferry bench: own executable: %w", err)
+	}
+	spawn := func(ctx context.Context, args []string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, exe, append(append([]string{"bench-child"}, args...), opts.brokerArgs()...)...)
+		cmd.Env = append(os.Environ(), benchChildEnv...)
+		return cmd
+	}
+	restart := c.String(flagRestart)
+	if !c.IsSet(flagRestart) {
+		if _, err := os.Stat("compose/local/services.sh"); err == nil {
+			restart = defaultRestart
+		}
+	}
+	var restartBroker func(ctx context.Context, name string) error
+	if restart != "" && restart != "none" {
+		restartBroker = func(ctx context.Context, name string) error {
+			if name == "nats" && embeddedNATS {
+				return errors.New("the embedded NATS server cannot be restarted")
+			}
+			out, err := exec.CommandContext(ctx, "sh", "-c", strings.ReplaceAll(restart, "{broker}", name)).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s: %w: %s", restart, err, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
 	res, err := suite.Run(ctx, suite.Config{
+		Spawn: spawn, RestartBroker: restartBroker,
 		Targets: targets, DatabaseURL: dbURL, Database: dbWhere, Scenarios: scenarios,
 		Messages: c.Int(flagMessages), Size: c.Int(flagSize), Rate: c.Int(flagRate), Workers: c.Int(flagWorkers),
 		Out: c.String(flagOut), Command: "ferry " + strings.Join(os.Args[1:], " "), Progress: out, Logger: log,

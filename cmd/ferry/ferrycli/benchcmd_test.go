@@ -21,7 +21,9 @@ import (
 // compose/local/services.sh. It checks that the run finishes, writes its
 // files and that the figures users read for correctness (ordering with one
 // consumer, attempts before the DLQ, nothing lost) are right; it asserts
-// nothing about speed.
+// nothing about speed. The faults scenario restarts each broker through
+// compose/local/services.sh and kills relay and worker, which run as
+// children of this test binary (see TestMain).
 func TestBenchSmoke(t *testing.T) {
 	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -32,6 +34,7 @@ func TestBenchSmoke(t *testing.T) {
 	code := Main(ctx, []string{"ferry", "bench",
 		"--brokers", strings.Join(brokers, ","), "--messages", "300", "--out", out,
 		"--database-url", testenv.DatabaseURL(), "--rabbitmq-url", testenv.RabbitMQURL(), "--nats-url", testenv.NATSURL(),
+		"--restart-broker", filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh") + " restart {broker}",
 		"--log-level", "error",
 	}, &stdout, &stderr)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
@@ -78,6 +81,13 @@ func TestBenchSmoke(t *testing.T) {
 					if r.Variant == "1 worker" {
 						require.Zero(t, figure(r, "violations"), "%s: one consumer of one queue keeps publish order", br)
 					}
+				case suite.ScenarioFaults:
+					require.Zero(t, figure(r, "lost"), "%s: events lost across a broker restart and SIGKILLs of relay and worker", br)
+					require.Zero(t, figure(r, "effects applied twice"), "%s: a redelivered event was handled twice", br)
+					require.NotContains(t, r.Note, "failed", br)
+					figure(r, "broker restart recovery")
+					figure(r, "relay SIGKILL recovery")
+					figure(r, "worker SIGKILL recovery")
 				case suite.ScenarioRetry:
 					require.Equal(t, 3.0, figure(r, "attempts before DLQ"), br)
 					require.Equal(t, 20.0, figure(r, "dead"), br)
@@ -85,6 +95,7 @@ func TestBenchSmoke(t *testing.T) {
 			}
 		}
 		require.Equal(t, "ok", got[key{suite.ScenarioPipeline, br}][0].Status, br)
+		require.Equal(t, "ok", got[key{suite.ScenarioFaults, br}][0].Status, br)
 	}
 
 	md, err := os.ReadFile(filepath.Join(out, "results.md"))
@@ -92,7 +103,7 @@ func TestBenchSmoke(t *testing.T) {
 	for _, sc := range suite.BuiltScenarios {
 		require.Contains(t, string(md), "\n## "+sc+"\n")
 	}
-	for _, sc := range []string{suite.ScenarioRaw, suite.ScenarioPipeline, suite.ScenarioEndToEnd, suite.ScenarioLatency, suite.ScenarioOrdering, suite.ScenarioRetry} {
+	for _, sc := range []string{suite.ScenarioRaw, suite.ScenarioPipeline, suite.ScenarioEndToEnd, suite.ScenarioLatency, suite.ScenarioFaults, suite.ScenarioOrdering, suite.ScenarioRetry} {
 		for _, ext := range []string{".svg", ".png"} {
 			fi, err := os.Stat(filepath.Join(out, sc+ext))
 			require.NoError(t, err, "chart of %s", sc)

@@ -118,6 +118,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			dlqCommand(),
 			outboxCommand(),
 			benchCommand(),
+			benchChildCommand(),
 		},
 	}
 	quietUsageErrors(a.Commands)

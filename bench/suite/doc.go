@@ -11,10 +11,16 @@
 // "not supported" for raw and replay.
 //
 // Scenarios (see bench/README.md): raw, pipeline, end-to-end, latency,
-// ordering, retry and replay are measured; faults and peer are not built
-// yet and are reported as "not built".
+// faults, ordering, retry and replay are measured; peer (the Watermill
+// module) is not built yet and is reported as "not built". The faults
+// scenario runs the relay and the worker as child processes
+// (Config.Spawn, `ferry bench-child`, see RunChild) so it can kill them
+// with SIGKILL, and restarts the broker through Config.RestartBroker.
 //
-// The relay and the worker run inside the calling process, each with its
+// At the end Run records what each adapter declares (broker.Capabilities)
+// and each server's processes and resident memory, read from /proc.
+//
+// Elsewhere the relay and the worker run inside the calling process, each with its
 // own database pool and broker connection; every scenario run gets a fresh
 // database (created on Config.DatabaseURL's server and dropped after it)
 // and uniquely named exchanges and queues. Figures are reported, never

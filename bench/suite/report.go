@@ -106,6 +106,18 @@ func WriteMarkdown(w io.Writer, res *Results, charts map[string]string) {
 			fmt.Fprintf(w, "\n![%s](%s)\n", sc, c)
 		}
 	}
+	var ops strings.Builder
+	writeOps(&ops, res)
+	fmt.Fprint(w, ops.String())
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func stringify(m map[string]any) map[string]string {

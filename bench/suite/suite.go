@@ -230,6 +230,10 @@ type Results struct {
 	Clients  map[string]string `json:"clients"`
 	Settings map[string]any    `json:"settings"`
 	Results  []Result          `json:"results"`
+	// Capabilities are what each broker's adapter declares.
+	Capabilities map[string]Capabilities `json:"capabilities,omitempty"`
+	// Operations are each server's processes and memory at the end.
+	Operations []Operations `json:"operations,omitempty"`
 }
 
 // runner is one Run in progress.
@@ -289,6 +293,7 @@ func Run(ctx context.Context, c Config) (*Results, error) {
 		}
 	}
 	res.Seconds = time.Since(start).Seconds()
+	r.collectOps(ctx, res)
 	if err := write(cfg.Out, res); err != nil {
 		return res, err
 	}

@@ -3,6 +3,7 @@
 #   make test       start the servers (compose/local/services.sh up), point the
 #                   tests at them and run every package's tests, one at a time
 #   make bench      print the throughput and latency figures (bench/README.md)
+#   make compare    ferry and Watermill's outbox side by side (bench/compare.sh)
 #   make services   start the servers and print their addresses
 #   make services-down
 #   make demo       the sample end to end with embedded servers (no install)
@@ -18,18 +19,25 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 45m
 PKGS     ?= ./...
 DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
-.PHONY: test tidy-check bench services services-down services-status demo build vet
+.PHONY: test tidy-check bench compare services services-down services-status demo build vet
 
 test: tidy-check
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
 
 # go.mod must be tidy: direct dependencies not marked indirect, nothing missing.
+# So must the Watermill peer's (bench/watermill, a module of its own), which
+# go vet also checks: ./... does not reach into it.
 tidy-check:
 	@$(GO) mod tidy -diff || { echo 'go.mod is not tidy: run "go mod tidy"' >&2; exit 1; }
+	@cd bench/watermill && $(GO) mod tidy -diff && $(GO) vet . || { echo 'bench/watermill: not tidy or not vetted: cd bench/watermill && go mod tidy && go vet .' >&2; exit 1; }
 
-# The figures of bench/README.md (about 3 minutes); prints, asserts nothing.
+# The figures of bench/README.md (about 5 minutes); prints, asserts nothing.
 bench:
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
+
+# ferry and the Watermill peer side by side, twice each (bench/README.md).
+compare:
+	$(SERVICES) up postgres rabbitmq && bench/compare.sh
 
 services:
 	$(SERVICES) up && $(SERVICES) status && $(SERVICES) env

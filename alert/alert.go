@@ -211,6 +211,7 @@ type Alert struct {
 	startsAt   time.Time
 	firedAt    time.Time        // last firing transition, kept in ferry_alerts
 	resolvedAt time.Time        // last resolved transition, kept in ferry_alerts
+	checkedAt  time.Time        // last observation while pending or firing, kept in ferry_alerts
 	queues     [][]Notification // one per notifier, oldest first
 	dirty      bool             // state or queues changed since the last save (Pool only)
 	lockConn   *pgx.Conn        // held while leading (Pool only)
@@ -295,6 +296,11 @@ func (a *Alert) Check(ctx context.Context) State {
 		}
 	} else {
 		a.advance(count, oldest)
+		if a.cfg.Pool != nil && a.state != Inactive {
+			// The heartbeat a successor judges a stored pending state by.
+			a.checkedAt = a.cfg.Now().Round(0).Truncate(time.Microsecond)
+			a.dirty = true
+		}
 	}
 	// Record the transition and its notifications before sending them, so
 	// a leader that dies while sending leaves them to its successor.

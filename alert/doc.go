@@ -50,7 +50,13 @@
 // continues the incident: a stored "firing" whose backlog is now under the
 // threshold sends "resolved" once; a stored "pending" keeps its since, so
 // For is measured from when the backlog first exceeded the threshold, not
-// from the new leader's start.
+// from the new leader's start — but only when a leader observed the
+// backlog recently. While pending or firing the leader records each
+// observation (checked_at, written every Interval); a stored "pending"
+// last checked longer ago than the leader lock's idle timeout plus two
+// Intervals (at least a minute; the longest a healthy handover takes) is
+// stale: nobody watched the backlog in between, so the new leader drops it
+// and re-evaluates from now (a WARN says so), and For starts again.
 //
 // Ordering: after a transition the leader saves the new state together with
 // the notifications it is about to send, then sends, then saves again with

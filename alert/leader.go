@@ -30,7 +30,10 @@ const TableName = "ferry_alerts"
 // createTable is run by a new leader, under the advisory lock, so two
 // processes never race on it. Columns: state is "inactive", "pending" or
 // "firing"; since is when the backlog went above the threshold (NULL when
-// inactive); fired_at and resolved_at are the last transitions; queued maps
+// inactive); checked_at is when a leader last observed the backlog while
+// the rule was pending or firing (its staleness decides whether a
+// successor may continue a pending incident, see load); fired_at and
+// resolved_at are the last transitions; queued maps
 // each notifier's key to its undelivered notifications (JSON array of
 // Notification, oldest first).
 //
@@ -44,14 +47,18 @@ const createTable = `CREATE TABLE IF NOT EXISTS ferry_alerts (
 	fired_at    TIMESTAMPTZ,
 	resolved_at TIMESTAMPTZ,
 	queued      JSONB NOT NULL DEFAULT '{}',
-	updated_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+	updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+	checked_at  TIMESTAMPTZ
 )`
 
-const upsertState = `INSERT INTO ferry_alerts (name, state, since, fired_at, resolved_at, queued, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, now())
+// addCheckedAt upgrades a table created before checked_at existed.
+const addCheckedAt = `ALTER TABLE ferry_alerts ADD COLUMN IF NOT EXISTS checked_at TIMESTAMPTZ`
+
+const upsertState = `INSERT INTO ferry_alerts (name, state, since, fired_at, resolved_at, queued, updated_at, checked_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), $7)
 ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, since = EXCLUDED.since,
 	fired_at = EXCLUDED.fired_at, resolved_at = EXCLUDED.resolved_at,
-	queued = EXCLUDED.queued, updated_at = EXCLUDED.updated_at`
+	queued = EXCLUDED.queued, updated_at = EXCLUDED.updated_at, checked_at = EXCLUDED.checked_at`
 
 // minDBTimeout is the least time a database call of the leader layer gets,
 // whatever Interval is: a short Interval must not turn a slow query into a
@@ -198,14 +205,17 @@ func (a *Alert) load(ctx context.Context) error {
 	if _, err := a.lockConn.Exec(ctx, createTable); err != nil {
 		return fmt.Errorf("alert: create table %s: %w", TableName, err)
 	}
+	if _, err := a.lockConn.Exec(ctx, addCheckedAt); err != nil {
+		return fmt.Errorf("alert: add checked_at to %s: %w", TableName, err)
+	}
 	var (
-		state               string
-		since, fired, resol *time.Time
-		queued              map[string][]Notification
+		state                        string
+		since, fired, resol, checked *time.Time
+		queued                       map[string][]Notification
 	)
 	err := a.lockConn.QueryRow(ctx,
-		`SELECT state, since, fired_at, resolved_at, queued FROM ferry_alerts WHERE name = $1`, a.cfg.Name).
-		Scan(&state, &since, &fired, &resol, &queued)
+		`SELECT state, since, fired_at, resolved_at, queued, checked_at FROM ferry_alerts WHERE name = $1`, a.cfg.Name).
+		Scan(&state, &since, &fired, &resol, &queued, &checked)
 	a.reset()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
@@ -230,6 +240,23 @@ func (a *Alert) load(ctx context.Context) error {
 		// A pending or firing row without since: measure from now.
 		a.startsAt = a.cfg.Now()
 		a.dirty = true
+	}
+	if a.state == Pending {
+		// A pending incident continues only if some leader watched the
+		// backlog until recently; otherwise nobody knows whether it stayed
+		// above the threshold in between (the relay that wrote it may be
+		// long gone, the backlog may have been 0 for hours), so it is
+		// re-evaluated from now instead of firing on trust.
+		if age, ok := a.staleness(checked); !ok {
+			a.log().Warn("alert: stored pending state is stale; re-evaluating the backlog from now",
+				"since", a.startsAt, "last_checked_ago", age, "stale_after", a.staleAfter())
+			a.state = Inactive
+			a.startsAt = time.Time{}
+			a.dirty = true
+		}
+	}
+	if checked != nil {
+		a.checkedAt = *checked
 	}
 	if fired != nil {
 		a.firedAt = *fired
@@ -288,7 +315,7 @@ func (a *Alert) save(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.dbTimeout())
 	defer cancel()
 	_, err = a.lockConn.Exec(cctx, upsertState, a.cfg.Name, a.state.String(), since,
-		nullTime(a.firedAt), nullTime(a.resolvedAt), string(js))
+		nullTime(a.firedAt), nullTime(a.resolvedAt), string(js), nullTime(a.checkedAt))
 	if err != nil {
 		a.lose("cannot save the alert state", err)
 		return false
@@ -317,9 +344,27 @@ func (a *Alert) closeLockConn() error {
 
 // reset forgets the in-memory state; the stored state is what a leader
 // continues from. a.mu is held.
+// staleAfter is how old a stored pending state may be (since it was last
+// checked) and still be continued: a successor takes the lock at the
+// latest leaderIdleTimeout after a leader vanished, plus two ticks.
+func (a *Alert) staleAfter() time.Duration {
+	return a.leaderIdleTimeout() + 2*a.cfg.Interval
+}
+
+// staleness returns how long ago checked was (on the Alert's clock) and
+// whether that is recent enough to continue from; a missing checked_at
+// (a row written before the column existed) is stale.
+func (a *Alert) staleness(checked *time.Time) (time.Duration, bool) {
+	if checked == nil {
+		return -1, false
+	}
+	age := a.cfg.Now().Sub(*checked)
+	return age, age <= a.staleAfter()
+}
+
 func (a *Alert) reset() {
 	a.state = Inactive
-	a.startsAt, a.firedAt, a.resolvedAt = time.Time{}, time.Time{}, time.Time{}
+	a.startsAt, a.firedAt, a.resolvedAt, a.checkedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	for i := range a.queues {
 		a.queues[i] = nil
 	}

@@ -302,3 +302,46 @@ func TestPoolUndeliveredNotificationGoesToSuccessor(t *testing.T) {
 	require.Equal(t, alert.Inactive, a2.Check(ctx))
 	require.Equal(t, []string{"firing", "resolved"}, p.hook.statuses())
 }
+
+// TestPoolStalePendingIsReevaluated: a "pending" stored by a relay long
+// gone (last checked ten minutes ago, backlog unknown since) does not make
+// a new leader fire at once: the new leader re-evaluates from now, and
+// fires only after For of its own observations. A row without checked_at
+// (written before the column existed) is stale too.
+func TestPoolStalePendingIsReevaluated(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stale func(t *testing.T, p *pooled, clk *clock)
+	}{
+		{"CheckedLongAgo", func(t *testing.T, p *pooled, clk *clock) { clk.add(10 * time.Minute) }},
+		{"NeverChecked", func(t *testing.T, p *pooled, clk *clock) {
+			_, err := p.pool.Exec(context.Background(), `UPDATE ferry_alerts SET checked_at = NULL`)
+			require.NoError(t, err)
+			clk.add(time.Second)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := setupPooled(t)
+			ctx := context.Background()
+			clk := newClock()
+			a1 := p.newAlert(t, "gone", clk.now)
+			p.backlog.n.Store(5)
+			require.Equal(t, alert.Pending, a1.Check(ctx))
+			require.NoError(t, a1.Close())
+			tc.stale(t, p, clk)
+
+			a2 := p.newAlert(t, "new", clk.now)
+			t1 := clk.now()
+			require.Equal(t, alert.Pending, a2.Check(ctx), "a stale pending is re-evaluated, not trusted")
+			require.Empty(t, p.hook.statuses())
+			require.Contains(t, p.logs.String(), "stored pending state is stale")
+			_, since, _, _ := storedState(t, p.pool)
+			require.NotNil(t, since)
+			require.True(t, since.Equal(t1), "For counts from the new leader's first observation")
+
+			clk.add(100 * time.Millisecond) // For
+			require.Equal(t, alert.Firing, a2.Check(ctx))
+			require.Equal(t, []string{"firing"}, p.hook.statuses())
+		})
+	}
+}

@@ -222,7 +222,7 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 	}
 	idS := strconv.FormatInt(id, 10)
 	body, _ := json.Marshal(RequestedEvent{NotificationID: idS, UserID: req.UserID, Channel: req.Channel})
-	ev := outbox.Event{Type: EventNotificationRequested, Key: req.UserID, Body: body}
+	ev := outbox.Event{Type: EventNotificationRequested, Key: req.UserID, Body: body, AppID: idS}
 	if traceparentRE.MatchString(traceparent) {
 		ev.Headers = map[string]string{broker.HeaderTraceparent: traceparent}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
@@ -42,6 +43,7 @@ func TestCreateWritesNotificationAndEvent(t *testing.T) {
 	require.Equal(t, app.EventNotificationRequested, typ)
 	require.Equal(t, "u-00001", key)
 	require.Equal(t, tp, headers["traceparent"])
+	require.Equal(t, id, headers[broker.HeaderAppID], "the notification id rides along, for dlq list")
 	var ev app.RequestedEvent
 	require.NoError(t, json.Unmarshal(payload, &ev))
 	require.Equal(t, app.RequestedEvent{NotificationID: id, UserID: "u-00001", Channel: "email"}, ev)
@@ -61,9 +63,10 @@ func TestCreateWritesNotificationAndEvent(t *testing.T) {
 	// A malformed traceparent is not propagated (W3C: ignore it).
 	r = b.post(t, valid(), map[string]string{"traceparent": "garbage"})
 	require.Equal(t, http.StatusCreated, r.status)
+	headers = nil
 	require.NoError(t, b.pool.QueryRow(context.Background(),
 		`SELECT headers FROM outbox ORDER BY id DESC LIMIT 1`).Scan(&headers))
-	require.Empty(t, headers)
+	require.Equal(t, map[string]string{broker.HeaderAppID: r.obj["id"].(string)}, headers, "no traceparent")
 }
 
 // Scenario 2: the debug switch fails the request after the outbox INSERT,

@@ -62,11 +62,29 @@
 // second skips a notification already sent. It marks the row sent before
 // it talks to the SMTP server, in that transaction, which commits only if
 // the send succeeded; so once the SMTP server has accepted the mail, only
-// the worker's COMMIT remains. A worker shutting down cancels the
-// handler's ctx: the SMTP dialogue is cut at once, except while the
-// server is answering a mail it has received in full, where the handler
-// waits for the answer (bounded by Config.SMTPDataTimeout) and reports an
-// accepted mail as sent.
+// the worker's COMMIT remains.
+//
+// A worker shutting down lets the handler run for up to its
+// ShutdownTimeout (--shutdown-timeout) and only then cancels the
+// handler's ctx. The cancel cuts the SMTP dialogue at once (the
+// connection is closed), except while the server is answering a mail it
+// has received in full: closing then would leave the outcome unknown, so
+// the handler waits for the answer and reports an accepted mail as sent.
+// That wait is bounded by the process, not by Config.SMTPDataTimeout: the
+// worker gives cancelled handlers worker.ShutdownGrace (2 s) and the
+// ferry process exits at most ferrycli.ShutdownMargin (5 s) after the
+// timeout, which closes the connection. A reply that comes later is lost
+// with it: the transaction rolls back, the broker redelivers the event,
+// and the mail may be sent twice (same Message-ID; see below). Setting
+// --shutdown-timeout above the mail server's usual answer time keeps that
+// rare.
+//
+// An SMTP 5xx answer at any step of the dialogue — the greeting, EHLO
+// and HELO, MAIL, RCPT, the end of the data — is permanent (RFC 5321
+// section 4.2.1): the message goes to the DLQ at once and the
+// notification becomes dead. A 4xx answer (421 at the greeting: service
+// not available) and network errors are retried under the worker's
+// policy.
 //
 // Commands get Config.SMTPTimeout (10 s), but the reply to the end of the
 // data gets Config.SMTPDataTimeout (10 minutes, RFC 5321 section

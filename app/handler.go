@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -51,18 +52,22 @@ func parseEvent(msg *broker.Message) (int64, error) {
 // succeeded and the handler returned nil; once the SMTP server has
 // accepted the mail nothing but the worker's COMMIT remains.
 //
-// The send honours ctx: when ctx is done (a worker shutting down) the
-// SMTP dialogue is cut and an error wrapping ctx's error is returned,
-// except while the server is deciding on a mail it has received in full;
-// then the handler waits for the answer (at most Config.SMTPDataTimeout),
-// so an accepted mail is reported as sent (nil) even though ctx is done.
+// The send honours ctx: when ctx is done (a worker whose shutdown timeout
+// expired) the SMTP dialogue is cut and an error wrapping ctx's error is
+// returned, except while the server is deciding on a mail it has received
+// in full; then the handler waits for the answer (at most
+// Config.SMTPDataTimeout, or until the worker gives up on it after
+// worker.ShutdownGrace and the process exits), so an accepted mail is
+// reported as sent (nil) even though ctx is done.
 // When that answer does not come (a timeout, a cut connection) the server
 // may have the mail: the error wraps ErrDeliveryUnknown and stays
 // retryable, so a retry may send a second copy with the same Message-ID.
 //
 // A payload that does not parse, or names no notification, is
 // worker.Permanent (straight to the DLQ). An SMTP 5xx answer is permanent
-// too; other SMTP and network errors are returned for a retry.
+// too, at any step of the dialogue (greeting, EHLO/HELO, MAIL, RCPT, end
+// of data); other SMTP and network errors, 4xx answers included, are
+// returned for a retry.
 //
 // Delivery is at least once: if the transaction fails to commit after the
 // SMTP server took the mail (a crash, a lost database connection), the
@@ -100,13 +105,26 @@ func (a *App) HandleNotification(ctx context.Context, tx pgx.Tx, msg *broker.Mes
 		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
 	}
 	if err := a.send(ctx, id, createdAt, to, subject, body); err != nil {
-		var se *mail.SendError
-		if errors.As(err, &se) && se.ErrorCode() >= 500 && se.ErrorCode() < 600 {
+		if smtpPermanent(err) {
 			return worker.Permanent(err)
 		}
 		return err
 	}
 	return nil
+}
+
+// smtpPermanent reports whether err carries an SMTP 5xx reply, wherever in
+// the dialogue it came: the greeting, EHLO/HELO, MAIL, RCPT or the end of
+// the data. RFC 5321 section 4.2.1: a 5yz reply is a permanent negative
+// completion, the same request will not succeed; a 4xx (421 at the
+// greeting: service not available) is transient.
+func smtpPermanent(err error) bool {
+	var se *mail.SendError
+	if errors.As(err, &se) && se.ErrorCode() >= 500 && se.ErrorCode() < 600 {
+		return true
+	}
+	var te *textproto.Error
+	return errors.As(err, &te) && te.Code >= 500 && te.Code < 600
 }
 
 // MessageID returns the Message-ID (without angle brackets) of the mail of

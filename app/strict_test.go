@@ -267,7 +267,7 @@ func TestReadyz(t *testing.T) {
 	}
 	status, body := get()
 	require.Equal(t, http.StatusServiceUnavailable, status, body)
-	require.Contains(t, body, `outbox migration version 0 of 1`)
+	require.Contains(t, body, `outbox migration version 0 of 3`)
 	require.Contains(t, body, `ferry migrate`)
 	require.ErrorIs(t, a2.Ready(ctx), app.ErrNoSchema)
 	require.NoError(t, outbox.Migrate(ctx, pool2))

@@ -48,16 +48,16 @@ var kinds = []string{"rabbitmq", "nats"}
 // loadSettings) to explore without editing the file; a bad value fails the
 // benchmark.
 type settings struct {
-	events          int // events per throughput run
-	producers       int // concurrent producers (one event per transaction)
-	relayBatch      int // outbox.RelayConfig.BatchSize
-	relayConc       int // outbox.RelayConfig.Concurrency
-	publishChannels int // rabbitmq.Config.PublishChannels
-	workerConc      int // worker.Config.Concurrency
-	workerPrefetch  int // worker.Config.Prefetch
-	workerBatch     int // worker.Config.BatchSize (the handler's effects are all in its transaction)
-	latencyEvents   int // events of the latency run
-	latencyRate     int // events/s of the latency run
+	events          int   // events per throughput run
+	producers       int   // concurrent producers (one event per transaction)
+	relayBatch      int   // outbox.RelayConfig.BatchSize
+	relayConc       int   // outbox.RelayConfig.Concurrency
+	publishChannels int   // rabbitmq.Config.PublishChannels
+	workerConc      int   // worker.Config.Concurrency
+	workerPrefetch  int   // worker.Config.Prefetch
+	workerBatch     int   // worker.Config.BatchSize (the handler's effects are all in its transaction)
+	latencyEvents   int   // events of each latency run (0: 10 s worth at its rate)
+	latencyRates    []int // events/s of the latency runs, one run each
 	// relayBatchDelay is outbox.RelayConfig.BatchDelay (0: the default).
 	relayBatchDelay time.Duration
 	// notifyWindow is outbox.SetNotifyWindow's window; negative leaves
@@ -99,8 +99,20 @@ func loadSettings(b *testing.B) settings {
 		workerConc:      envInt("FERRY_BENCH_WORKER_CONCURRENCY", 20),
 		workerPrefetch:  envInt("FERRY_BENCH_WORKER_PREFETCH", 0),
 		workerBatch:     envInt("FERRY_BENCH_WORKER_BATCH", 1),
-		latencyEvents:   envInt("FERRY_BENCH_LATENCY_EVENTS", 2000),
-		latencyRate:     envInt("FERRY_BENCH_LATENCY_RATE", 200),
+		latencyRates:    []int{200, 1000},
+	}
+	if os.Getenv("FERRY_BENCH_LATENCY_EVENTS") != "" {
+		s.latencyEvents = envInt("FERRY_BENCH_LATENCY_EVENTS", 0)
+	}
+	if v := os.Getenv("FERRY_BENCH_LATENCY_RATE"); v != "" {
+		s.latencyRates = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				b.Fatalf("bench: FERRY_BENCH_LATENCY_RATE=%q: want positive integers separated by commas", v)
+			}
+			s.latencyRates = append(s.latencyRates, n)
+		}
 	}
 	if s.notifyWindow >= 0 {
 		prev, err := outbox.SetNotifyWindow(s.notifyWindow)
@@ -454,9 +466,14 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 	ctx := benchCtx(b)
 	p := &pipeline{done: make(chan struct{}), published: make(chan struct{})}
 	var runs []func(context.Context) error
+	// The pools are closed when the pipeline stops, so their backends
+	// exit and report their counters (runcost).
+	var pools []*pgxpool.Pool
 	if pt.relay {
+		pool := db.newPool(b, s.relayConc+2)
+		pools = append(pools, pool)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: db.newPool(b, s.relayConc+2), Broker: newBroker(b, kind, tp, s),
+			Pool: pool, Broker: newBroker(b, kind, tp, s),
 			BatchSize: s.relayBatch, Concurrency: s.relayConc, BatchDelay: s.relayBatchDelay, Retention: -1, Logger: quietLogger,
 			AfterPublish: pt.afterPublish,
 			OnBatch: func(st outbox.BatchStats) {
@@ -475,9 +492,11 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 		runs = append(runs, relay.Run)
 	}
 	if pt.worker {
+		pool := db.newPool(b, s.workerConc+2)
+		pools = append(pools, pool)
 		w, err := worker.New(worker.Config{
 			Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp,
-			Pool: db.newPool(b, s.workerConc+2), Broker: newBroker(b, kind, tp, s), Handler: handler(pt.onHandled),
+			Pool: pool, Broker: newBroker(b, kind, tp, s), Handler: handler(pt.onHandled),
 			Concurrency: s.workerConc, Prefetch: s.workerPrefetch, BatchSize: s.workerBatch, Logger: quietLogger,
 			OnOutcome: func(_ *broker.Message, o worker.Outcome, d time.Duration) {
 				p.handlerNanos.Add(int64(d))
@@ -509,6 +528,9 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 				if err := <-errs; err != nil {
 					b.Errorf("bench: pipeline: %v", err)
 				}
+			}
+			for _, pool := range pools {
+				pool.Close()
 			}
 		})
 	}

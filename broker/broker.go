@@ -33,6 +33,12 @@ const (
 	// HeaderTraceparent carries the W3C Trace Context traceparent
 	// (https://www.w3.org/TR/trace-context/).
 	HeaderTraceparent = "traceparent"
+	// HeaderAppID carries the application's own id of the event's subject
+	// (the sample app: the notification id), set through outbox.Event.AppID,
+	// at most 255 bytes of UTF-8. Message.ID is the outbox row id; this is
+	// the id an operator knows from the application's API, shown by
+	// "ferry dlq list" and in the worker's logs. Absent when not set.
+	HeaderAppID = "x-app-id"
 )
 
 // MaxReasonBytes bounds the reason text stored in HeaderLastError (bytes).

@@ -38,6 +38,9 @@ const (
 	OutcomeRetry     = "retry"
 	OutcomeDead      = "dead"
 	OutcomeDuplicate = "duplicate"
+	// OutcomeUnsettled: a failed attempt whose Retry or DeadLetter the
+	// broker did not take; the broker redelivers the message.
+	OutcomeUnsettled = "unsettled"
 )
 
 // ErrConfig is wrapped by the errors New and NewOutboxCollector return for
@@ -110,7 +113,7 @@ func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
 		}),
 		now: time.Now,
 	}
-	for _, o := range []string{OutcomeAck, OutcomeRetry, OutcomeDead, OutcomeDuplicate} {
+	for _, o := range []string{OutcomeAck, OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled} {
 		m.messages.WithLabelValues(o) // export zeros, so rate() works from the first delivery
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{BrokerLabel: brokerName}, reg)
@@ -141,7 +144,7 @@ func (m *Metrics) ObserveBatch(published, failed int, duration time.Duration) {
 }
 
 // ObserveOutcome records one settled delivery: the outcome (OutcomeAck,
-// OutcomeRetry, OutcomeDead, OutcomeDuplicate; any other non-empty value is
+// OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled; any other non-empty value is
 // counted under its own label, an empty one as "unknown") and the time the
 // attempt took. For OutcomeAck it also records the end-to-end latency from
 // msg's broker.HeaderCreatedAt header; a message without a parseable one

@@ -104,7 +104,7 @@ func TestWorkerHooksChangeScrapedValues(t *testing.T) {
 	b.m.SetNow(func() time.Time { return now })
 
 	fams := scrape(t, b.srv)
-	for _, o := range []string{"ack", "retry", "dead", "duplicate"} {
+	for _, o := range []string{"ack", "retry", "dead", "duplicate", "unsettled"} {
 		require.Equal(t, 0.0, one(t, fams, metrics.WorkerMessagesTotal, o).GetCounter().GetValue(), o)
 	}
 

@@ -15,8 +15,13 @@
 //	outbox_unprocessed_idx ON outbox(id) WHERE processed_at IS NULL
 //	processed_messages(consumer TEXT, message_id TEXT, processed_at TIMESTAMPTZ,
 //	       PRIMARY KEY (consumer, message_id))
+//	worker_attempts(consumer TEXT, message_id TEXT, attempts INT,
+//	       last_error TEXT, dead BOOLEAN, first_failed_at TIMESTAMPTZ,
+//	       updated_at TIMESTAMPTZ, PRIMARY KEY (consumer, message_id))
 //
-// processed_messages is the deduplication table of package worker.
+// processed_messages is the deduplication table of package worker, and
+// worker_attempts its record of failed attempts (worker.AttemptsTable).
+// Event.AppID travels as the header broker.HeaderAppID.
 //
 // # Delivery semantics
 //
@@ -110,8 +115,8 @@
 // # Retention
 //
 // The relay deletes, in small batches, outbox rows processed longer ago
-// than RelayConfig.Retention and processed_messages rows older than the
-// same age; Prune does one pass on demand. The processed_messages rows are
+// than RelayConfig.Retention, and processed_messages and worker_attempts
+// rows older than the same age; Prune does one pass on demand. The processed_messages rows are
 // the workers' deduplication: a message whose row was deleted runs its
 // handler again if a copy is delivered later, so NewRelay refuses a
 // positive Retention shorter than MinRetention or than

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ferrymq/ferry/broker"
 )
 
 // NotifyChannel is the PostgreSQL LISTEN/NOTIFY channel Enqueue notifies in
@@ -37,7 +39,17 @@ type Event struct {
 	// Keys must be non-empty and must not start with "x-", which is
 	// reserved for ferry's own headers. May be nil.
 	Headers map[string]string
+	// AppID is the application's own id of what the event is about (e.g.
+	// the notification id), carried as the header broker.HeaderAppID so
+	// an operator finds the message by the id the application's API uses
+	// ("ferry dlq list" shows it and filters on it with --app-id).
+	// Optional; at most MaxAppIDBytes bytes of valid UTF-8 without control
+	// characters.
+	AppID string
 }
+
+// MaxAppIDBytes bounds Event.AppID (bytes).
+const MaxAppIDBytes = 255
 
 // Validate reports the first problem with e, naming the field, or nil.
 // The error wraps ErrInvalidEvent.
@@ -59,6 +71,10 @@ func (e Event) validate(i int) error {
 	if e.Body == nil {
 		return fmt.Errorf("%w: %s: is nil (use []byte{} for an empty body)", ErrInvalidEvent, field("Body"))
 	}
+	if len(e.AppID) > MaxAppIDBytes || !utf8.ValidString(e.AppID) ||
+		strings.ContainsFunc(e.AppID, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return fmt.Errorf("%w: %s %q: want at most %d bytes of valid UTF-8 without control characters", ErrInvalidEvent, field("AppID"), clipID(e.AppID), MaxAppIDBytes)
+	}
 	for k, v := range e.Headers {
 		switch {
 		case k == "":
@@ -70,6 +86,14 @@ func (e Event) validate(i int) error {
 		}
 	}
 	return nil
+}
+
+// clipID shortens an invalid AppID for an error message.
+func clipID(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return strings.ToValidUTF8(s[:64], "") + "..."
 }
 
 func validateType(t string) error {
@@ -135,8 +159,16 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 		}
 		types[i], keys[i], bodies[i] = e.Type, e.Key, e.Body
 		headers[i] = "{}"
-		if len(e.Headers) > 0 {
-			b, err := json.Marshal(e.Headers)
+		h := e.Headers
+		if e.AppID != "" {
+			h = make(map[string]string, len(e.Headers)+1)
+			for k, v := range e.Headers {
+				h[k] = v
+			}
+			h[broker.HeaderAppID] = e.AppID
+		}
+		if len(h) > 0 {
+			b, err := json.Marshal(h)
 			if err != nil {
 				return nil, fmt.Errorf("%w: events[%d].Headers: %v", ErrInvalidEvent, i, err)
 			}

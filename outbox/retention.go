@@ -15,6 +15,10 @@ type PruneResult struct {
 	Outbox int64
 	// ProcessedMessages is the number of processed_messages rows deleted.
 	ProcessedMessages int64
+	// WorkerAttempts is the number of worker_attempts rows deleted: attempt
+	// records not updated for olderThan, left by messages that vanished
+	// from the broker (purged) between a failed attempt and the next.
+	WorkerAttempts int64
 }
 
 const pruneOutboxSQL = `DELETE FROM outbox WHERE id IN (
@@ -29,9 +33,16 @@ const pruneProcessedSQL = `DELETE FROM processed_messages WHERE (consumer, messa
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
 
+const pruneAttemptsSQL = `DELETE FROM worker_attempts WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM worker_attempts
+	WHERE updated_at < now() - $1::bigint * interval '1 millisecond'
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+
 // Prune deletes outbox rows processed more than olderThan ago (rows not
-// yet processed are never deleted) and processed_messages rows recorded
-// more than olderThan ago, batch rows per DELETE statement (batch <= 0
+// yet processed are never deleted), processed_messages rows recorded
+// more than olderThan ago and the workers' attempt records (worker_attempts)
+// last updated more than olderThan ago, batch rows per DELETE statement (batch <= 0
 // means DefaultRetentionBatch), until none is left. Each statement is its
 // own short transaction, so Prune can run beside a busy relay; several
 // Prunes at once skip each other's rows. It returns what it deleted, also
@@ -54,6 +65,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, bat
 	}{
 		{"outbox", pruneOutboxSQL, &res.Outbox},
 		{"processed_messages", pruneProcessedSQL, &res.ProcessedMessages},
+		{"worker_attempts", pruneAttemptsSQL, &res.WorkerAttempts},
 	} {
 		for {
 			if err := ctx.Err(); err != nil {
@@ -89,8 +101,9 @@ func (r *Relay) retain(ctx context.Context) {
 			r.log.Warn("outbox: relay: retention failed, will retry", "err", err)
 		case err == nil:
 			failing = false
-			if res.Outbox > 0 || res.ProcessedMessages > 0 {
-				r.log.Debug("outbox: relay: retention", "outbox_deleted", res.Outbox, "processed_messages_deleted", res.ProcessedMessages)
+			if res.Outbox > 0 || res.ProcessedMessages > 0 || res.WorkerAttempts > 0 {
+				r.log.Debug("outbox: relay: retention", "outbox_deleted", res.Outbox, "processed_messages_deleted", res.ProcessedMessages,
+					"worker_attempts_deleted", res.WorkerAttempts)
 			}
 		}
 		if !sleep(ctx, r.cfg.RetentionInterval) {

@@ -29,11 +29,14 @@ func TestPruneDeletesOnlyOldProcessedRows(t *testing.T) {
 		UNION ALL SELECT 'c', g::text, now() - interval '6 days' FROM generate_series(8, 9) g
 		UNION ALL SELECT 'd', '1', now()`)
 	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO worker_attempts (consumer, message_id, attempts, updated_at)
+		VALUES ('c', 'old', 2, now() - interval '8 days'), ('c', 'new', 1, now())`)
+	require.NoError(t, err)
 
 	// Batches of two: several statements per table.
 	res, err := outbox.Prune(ctx, pool, 7*24*time.Hour, 2)
 	require.NoError(t, err)
-	require.Equal(t, outbox.PruneResult{Outbox: 5, ProcessedMessages: 7}, res)
+	require.Equal(t, outbox.PruneResult{Outbox: 5, ProcessedMessages: 7, WorkerAttempts: 1}, res)
 
 	var left []int64
 	rows, err := pool.Query(ctx, `SELECT id FROM outbox ORDER BY id`)

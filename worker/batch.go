@@ -21,6 +21,7 @@ import (
 // message's savepoint is set in the same round trip.
 const (
 	batchDedupSQL      = `INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
+	batchAttemptsSQL   = `SELECT message_id, attempts, dead, last_error FROM worker_attempts WHERE consumer = $1 AND message_id = ANY($2::text[])`
 	batchUndedupSQL    = `DELETE FROM processed_messages WHERE consumer = $1 AND message_id = $2`
 	batchSavepoint     = `SAVEPOINT ferry_worker_msg`
 	batchNextSavepoint = `RELEASE SAVEPOINT ferry_worker_msg; SAVEPOINT ferry_worker_msg`
@@ -61,6 +62,7 @@ const (
 	batchDuplicate                   // processed before, or twice in the batch
 	batchDone                        // the handler succeeded
 	batchFailed                      // the handler failed; its dedup row is removed
+	batchDead                        // its attempt record says "dead": not handled, dedup row removed
 )
 
 // batchItem is one delivery of a batch.
@@ -69,7 +71,9 @@ type batchItem struct {
 	msg   *broker.Message
 	ext   *extender
 	state batchState
-	err   error // the handler's error when state is batchFailed
+	rec   attemptRecord // the attempt record, when the state is not batchDuplicate
+	err   error         // the handler's error when state is batchFailed
+	fail  *failure      // the failed attempt, recorded before the commit
 }
 
 // handleBatch processes deliveries in one transaction and settles each
@@ -80,7 +84,7 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 	for _, d := range ds {
 		msg := d.Message()
 		if msg.ID == "" {
-			w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
+			w.settle(ctx, d, msg, w.fail(ctx, msg, ErrNoMessageID, true), 0)
 			continue
 		}
 		items = append(items, &batchItem{d: d, msg: msg})
@@ -128,12 +132,18 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 				w.ack(ctx, it.d, it.msg, OutcomeDuplicate, dur)
 			case batchDone:
 				w.ack(ctx, it.d, it.msg, OutcomeAck, dur)
+			case batchDead:
+				w.deadAgain(ctx, it.d, it.msg, it.rec, dur)
 			case batchFailed:
 				if ctx.Err() != nil {
 					w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", it.msg.ID, "err", it.err)
 					continue
 				}
-				w.settle(ctx, it.d, it.msg, it.err, dur, false)
+				f := it.fail
+				if f == nil {
+					f = w.fail(ctx, it.msg, it.err, false)
+				}
+				w.settle(ctx, it.d, it.msg, f, dur)
 			}
 		}
 	case ctx.Err() != nil:
@@ -157,7 +167,7 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 // again), errBatch (handle each message alone) or is ctx's error.
 func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	for _, it := range items {
-		it.state, it.err = batchPending, nil
+		it.state, it.err, it.rec, it.msg, it.fail = batchPending, nil, attemptRecord{}, it.d.Message(), nil
 	}
 	tx, err := w.cfg.Pool.Begin(ctx)
 	if err != nil {
@@ -178,13 +188,28 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	if err != nil {
 		return err
 	}
+	// A message already bound for the DLQ is not handled: its dedup row
+	// goes (before any savepoint), and it is dead-lettered after the commit.
+	for id, rec := range inserted {
+		if rec.dead {
+			if _, err := tx.Exec(ctx, batchUndedupSQL, w.cfg.Consumer, id); err != nil {
+				return w.batchErr(ctx, "delete the dedup row of a dead message", err)
+			}
+		}
+	}
 	var savepoint bool
 	for _, it := range items {
-		if !inserted[it.msg.ID] {
+		rec, ok := inserted[it.msg.ID]
+		if !ok {
 			it.state = batchDuplicate
 			continue
 		}
 		delete(inserted, it.msg.ID) // a second delivery of it in this batch is a duplicate
+		it.rec, it.msg = rec, withAttempt(it.msg, rec)
+		if rec.dead {
+			it.state = batchDead
+			continue
+		}
 		sql := batchSavepoint
 		if savepoint {
 			sql = batchNextSavepoint
@@ -195,6 +220,11 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 		savepoint = true
 		if err := w.callHandler(ctx, tx, it.msg); err != nil {
 			it.state, it.err = batchFailed, err
+			if ctx.Err() == nil {
+				// Recorded before the commit releases the dedup row a
+				// redelivered copy may be waiting for (see process).
+				it.fail = w.fail(ctx, it.msg, err, false)
+			}
 			// Undo the handler's writes and the message's dedup row, so
 			// the retry is handled like a first delivery.
 			if _, err := tx.Exec(ctx, batchRollbackTo); err != nil {
@@ -205,6 +235,11 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 			}
 			continue
 		}
+		if rec.attempts > 0 {
+			if _, err := tx.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, it.msg.ID); err != nil {
+				return w.batchErr(ctx, "delete the attempt record of a message handled", err)
+			}
+		}
 		it.state = batchDone
 	}
 	if err := commit(ctx, tx); err != nil {
@@ -214,10 +249,36 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 }
 
 // insertDedup inserts (Consumer, id) for each of ids and returns the ids
-// inserted, i.e. not processed before.
-func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]bool, error) {
-	rows, _ := tx.Query(ctx, batchDedupSQL, w.cfg.Consumer, ids)
+// inserted, i.e. not processed before, with their attempt records. The
+// records are read by a second statement in the same round trip, for the
+// reason given at attemptSQL.
+func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]attemptRecord, error) {
+	b := &pgx.Batch{}
+	b.Queue(batchDedupSQL, w.cfg.Consumer, ids)
+	b.Queue(batchAttemptsSQL, w.cfg.Consumer, ids)
+	br := tx.SendBatch(ctx, b)
+	inserted := make(map[string]attemptRecord, len(ids))
+	rows, _ := br.Query()
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err == nil {
+		for _, id := range got {
+			inserted[id] = attemptRecord{}
+		}
+		var (
+			id  string
+			rec attemptRecord
+		)
+		rows, _ = br.Query()
+		_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.dead, &rec.lastError}, func() error {
+			if _, ok := inserted[id]; ok {
+				inserted[id] = rec
+			}
+			return nil
+		})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		switch {
@@ -230,10 +291,6 @@ func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[
 		default:
 			return nil, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
 		}
-	}
-	inserted := make(map[string]bool, len(got))
-	for _, id := range got {
-		inserted[id] = true
 	}
 	return inserted, nil
 }

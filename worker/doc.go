@@ -20,7 +20,8 @@
 //  3. commits, and only then acks the delivery.
 //
 // Two consumers of one event (different Consumer names, each with its own
-// queue bound to the event type) each handle it once.
+// queue bound to the event type) each handle it once. Step 1 also reads
+// the message's attempt record (see "Attempts and lost settlements").
 //
 // If the process dies after the commit and before the ack, the broker
 // redelivers the message and step 1 drops it. If the handler fails, the
@@ -36,7 +37,8 @@
 //     BackoffPolicy: 5 attempts, 30 s between them). The message comes back
 //     after the delay (broker.Delivery.Retry, HeaderRetryCount + 1,
 //     HeaderLastError = the error text) with Message.Attempt one higher
-//     (OutcomeRetry). After the last attempt it goes to the queue's DLQ
+//     (OutcomeRetry; OutcomeUnsettled when the broker did not take the
+//     Retry, see "Attempts and lost settlements"). After the last attempt it goes to the queue's DLQ
 //     with its headers plus HeaderLastError (OutcomeDead).
 //   - Permanent(err): roll back and dead-letter at once, whatever the
 //     attempt (OutcomeDead).
@@ -63,6 +65,47 @@
 // policy's Delays equal to the queue's: by default, when Config.Topology is
 // set, the policy takes them from there. New checks the policy's delays
 // against the broker's Capabilities.
+//
+// # Attempts and lost settlements
+//
+// The truth about attempts lives in PostgreSQL, not in the broker: the
+// table worker_attempts (AttemptsTable, created by package outbox's
+// migrations) holds, per (Consumer, Message.ID), the number of the last
+// failed attempt, its error, and whether the DLQ was decided. After each
+// failed attempt the worker writes that row in its own transaction —
+// before the attempt's transaction rolls back (so a redelivered copy
+// waiting on the dedup row sees it), before OnFailure, and before Retry or
+// DeadLetter — and every delivery reads it with the dedup insert, as a
+// second statement in the same round trip. The
+// attempt a handler sees (Message.Attempt) is the larger of the broker's
+// count (HeaderRetryCount + 1, or the redelivery count on brokers with
+// Capabilities.CountsRedeliveries) and the record's last failed attempt
+// + 1, so every broker counts the same way, and a settlement the broker
+// never received loses nothing:
+//
+//   - Retry fails (RabbitMQ closed the channel after its consumer_timeout,
+//     the connection was lost, the settle deadline passed): the broker
+//     redelivers the original message without ferry's retry header, at
+//     once and without the policy's delay; the worker handles it as the
+//     next attempt. The outcome of the failed attempt is OutcomeUnsettled,
+//     never OutcomeRetry: the "retry" metric counts only retries the
+//     broker took.
+//   - DeadLetter fails: the record keeps "dead"; the redelivery is
+//     dead-lettered at once with the recorded reason, without running the
+//     handler again (OutcomeUnsettled, then OutcomeDead).
+//   - Ack fails after the commit: the dedup row is committed, so the
+//     redelivery is acked as OutcomeDuplicate; the outcome of the attempt
+//     stays OutcomeAck, since its work was done.
+//
+// A handler that always fails therefore reaches the DLQ after the
+// policy's last attempt even when every Retry is lost. The record is
+// deleted in the transaction of the attempt that succeeds and once the
+// DLQ holds the message, so a replay from the DLQ starts again at attempt
+// 1. When writing the record fails (database down) the worker logs it and
+// the count falls back on the broker's. A settlement the broker refused
+// is logged at WARN with the broker's reason (for RabbitMQ the channel's
+// close reason, e.g. the consumer-timeout PRECONDITION_FAILED) and what
+// happens next.
 //
 // # External side effects
 //
@@ -143,5 +186,13 @@
 // nil. Handlers still running at the timeout get their ctx cancelled; their
 // transactions roll back and their deliveries are left unsettled, so the
 // broker redelivers them to the next worker (without spending an attempt,
-// except on brokers whose Capabilities.CountsRedeliveries is true).
+// except on brokers whose Capabilities.CountsRedeliveries is true). Run
+// waits at most ShutdownGrace (2 s) for the cancelled handlers and then
+// returns even when some still run (a handler that ignores its ctx, or
+// one waiting for an SMTP server's answer to a mail): Run returns at most
+// ShutdownTimeout + ShutdownGrace after its ctx was cancelled, which is
+// what a process supervisor's grace period must allow for. The handlers
+// left running hold their database connection until they return; the
+// process that exits then drops it, and PostgreSQL rolls their
+// transactions back.
 package worker

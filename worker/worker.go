@@ -33,9 +33,11 @@ type Handler func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error
 // FailureFunc is called in its own transaction tx after a failed attempt,
 // before the message is retried (dead=false) or dead-lettered (dead=true);
 // err is the handler's error. The application records the failure there
-// (e.g. marks a notification "failed"). It may be called more than once for
-// one attempt (when settling the delivery failed and the broker redelivered
-// it), so it must be idempotent. When it fails the error is logged and the
+// (e.g. marks a notification "failed"). msg.Attempt is the attempt that
+// failed, counted as the package doc's "Attempts and lost settlements"
+// says, so a redelivery after a lost settlement is the next attempt; it
+// may still be called twice for one attempt when the attempt record could
+// not be written (database trouble), so it must be idempotent. When it fails the error is logged and the
 // message is retried or dead-lettered all the same.
 type FailureFunc func(ctx context.Context, tx pgx.Tx, msg *broker.Message, err error, dead bool) error
 
@@ -55,9 +57,19 @@ const (
 	// OutcomeDuplicate: the consumer had already processed the message ID;
 	// the delivery was acked without calling the handler.
 	OutcomeDuplicate
+	// OutcomeUnsettled: the attempt failed and the worker asked for a retry
+	// or the DLQ, but the broker did not take the settlement (Retry or
+	// DeadLetter returned an error: channel closed, connection lost,
+	// deadline passed). The failed attempt is in AttemptsTable; the broker
+	// redelivers the message, and the worker handles the redelivery as the
+	// next attempt, or dead-letters it at once when the DLQ was decided
+	// (package doc, "Attempts and lost settlements"). Neither "retry" nor
+	// "dead" is counted for such an attempt.
+	OutcomeUnsettled
 )
 
-// String returns "ack", "retry", "dead" or "duplicate" (the metrics label).
+// String returns "ack", "retry", "dead", "duplicate" or "unsettled" (the
+// metrics label).
 func (o Outcome) String() string {
 	switch o {
 	case OutcomeAck:
@@ -68,6 +80,8 @@ func (o Outcome) String() string {
 		return "dead"
 	case OutcomeDuplicate:
 		return "duplicate"
+	case OutcomeUnsettled:
+		return "unsettled"
 	default:
 		return fmt.Sprintf("Outcome(%d)", int(o))
 	}
@@ -87,6 +101,15 @@ const (
 	DefaultAckDeadline = 30 * time.Second
 	// DefaultShutdownTimeout is Config.ShutdownTimeout when 0.
 	DefaultShutdownTimeout = 30 * time.Second
+	// ShutdownGrace is how long Run waits, once Config.ShutdownTimeout
+	// expired and the handlers' ctx was cancelled, for the handlers to
+	// return and for the settlements of those that finished. Then Run
+	// returns even if some still run (a handler that ignores its ctx, an
+	// SMTP server answering the end of a mail's data): their deliveries
+	// are unsettled and come back when the broker connection closes. So
+	// Run returns at most ShutdownTimeout + ShutdownGrace after its ctx
+	// was cancelled.
+	ShutdownGrace = 2 * time.Second
 	// DefaultBatchSize is Config.BatchSize when 0: one delivery per
 	// transaction.
 	DefaultBatchSize = 1
@@ -106,7 +129,65 @@ const (
 // package outbox's migrations create it.
 const DedupTable = "processed_messages"
 
-const dedupSQL = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+// AttemptsTable is the table of failed attempts per (consumer,
+// message_id): the number of the last failed attempt, its error and
+// whether the DLQ was decided. The worker reads it with the dedup insert
+// and writes it in its own transaction after each failed attempt, before
+// settling, so a settlement the broker never received loses no attempt
+// (package doc, "Attempts and lost settlements"). Package outbox's
+// migrations create it.
+const AttemptsTable = "worker_attempts"
+
+// dedupSQL inserts the dedup row; zero rows inserted means a duplicate.
+// attemptSQL, sent in the same round trip (pipelined) as a statement of
+// its own, reads the message's attempt record. It must be a separate
+// statement: when the insert waited for a concurrent copy of the message
+// to roll back (a redelivery racing the failed attempt it replaces), only
+// a statement started after the wait sees the attempt that copy recorded
+// just before its rollback.
+const (
+	dedupSQL   = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+	attemptSQL = `SELECT attempts, dead, last_error FROM worker_attempts WHERE consumer = $1 AND message_id = $2`
+)
+
+// recordAttemptSQL records a failed attempt; it never lowers the count
+// nor clears the dead flag.
+const recordAttemptSQL = `INSERT INTO worker_attempts (consumer, message_id, attempts, last_error, dead) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (consumer, message_id) DO UPDATE SET
+	attempts = GREATEST(worker_attempts.attempts, EXCLUDED.attempts),
+	last_error = EXCLUDED.last_error,
+	dead = worker_attempts.dead OR EXCLUDED.dead,
+	updated_at = now()`
+
+// clearAttemptsSQL deletes the attempt record of a message that succeeded
+// or reached the DLQ.
+const clearAttemptsSQL = `DELETE FROM worker_attempts WHERE consumer = $1 AND message_id = $2`
+
+// attemptRecord is a message's row of AttemptsTable (zero: none).
+type attemptRecord struct {
+	attempts  int    // the number of the last failed attempt
+	dead      bool   // the DLQ was decided and not confirmed
+	lastError string // the reason of the last failed attempt
+}
+
+// withAttempt returns msg with Attempt raised to the attempt the record
+// says this delivery is: one past the last failed attempt, or, for a
+// message whose DLQ was decided, that last attempt (whatever the broker
+// counted since). msg is returned as is
+// when it already says so; otherwise a shallow copy (Headers and Body are
+// shared and must not be modified either).
+func withAttempt(msg *broker.Message, rec attemptRecord) *broker.Message {
+	want := max(msg.Attempt, 1, rec.attempts+1)
+	if rec.dead {
+		want = max(rec.attempts, 1)
+	}
+	if want == msg.Attempt {
+		return msg
+	}
+	c := *msg
+	c.Attempt = want
+	return &c
+}
 
 // errDatabase marks a failure to begin the transaction or to insert the
 // dedup row for a reason that is not the message's: the worker holds the
@@ -181,8 +262,9 @@ type Config struct {
 	// Delays when Topology is set, else 30 s.
 	Policy RetryPolicy
 	// ShutdownTimeout is how long Run waits, after its ctx is cancelled, for
-	// the in-flight handlers to finish before cancelling their ctx.
-	// Defaults to DefaultShutdownTimeout (30 s).
+	// the in-flight handlers to finish before cancelling their ctx; Run
+	// returns at most ShutdownGrace (2 s) later. Defaults to
+	// DefaultShutdownTimeout (30 s).
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -190,7 +272,9 @@ type Config struct {
 	// FailureFunc.
 	OnFailure FailureFunc
 	// OnOutcome, when set, is called after each delivery was settled (or
-	// its settlement failed, which is logged), with the outcome and the
+	// its settlement failed, which is logged: OutcomeUnsettled for a failed
+	// Retry or DeadLetter, OutcomeAck for an Ack lost after the commit),
+	// with the outcome (msg.Attempt as the handler saw it) and the
 	// time spent in the transaction (dedup insert, handler and commit; with
 	// BatchSize > 1 the whole batch's transaction, the same for each of its
 	// messages). It
@@ -321,7 +405,9 @@ func New(cfg Config) (*Worker, error) {
 // is cancelled it stops receiving, waits up to ShutdownTimeout for the
 // in-flight handlers (their ctx stays alive meanwhile), then cancels the
 // handlers still running — their deliveries are left unsettled, so the
-// broker redelivers them — and returns nil. It returns an error when
+// broker redelivers them — waits at most ShutdownGrace more for them, and
+// returns nil: at most ShutdownTimeout + ShutdownGrace after ctx was
+// cancelled. It returns an error when
 // Declare or Subscribe fail with ctx still alive, or when the broker is
 // closed under it (wrapping broker.ErrClosed); ErrAlreadyRunning when
 // another Run of this Worker is active.
@@ -390,8 +476,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		hcancel()
 		select {
 		case <-done:
-		case <-time.After(settleTimeout):
-			w.log.Error("worker: handlers ignore their cancelled context; returning while they still run")
+		case <-time.After(ShutdownGrace):
+			w.log.Error("worker: handlers still running after their context was cancelled; returning without them, their messages will be redelivered",
+				"shutdown_grace", ShutdownGrace)
 		}
 	}
 	w.log.Info("worker: stopped")
@@ -434,7 +521,7 @@ func (w *Worker) loop(loopCtx, hctx context.Context, sub broker.Subscription, se
 func (w *Worker) handle(runCtx, ctx context.Context, d broker.Delivery) {
 	msg := d.Message()
 	if msg.ID == "" {
-		w.settle(ctx, d, msg, ErrNoMessageID, 0, true)
+		w.settle(ctx, d, msg, w.fail(ctx, msg, ErrNoMessageID, true), 0)
 		return
 	}
 	w.handleExtended(runCtx, ctx, d, w.startExtender(d))
@@ -445,11 +532,11 @@ func (w *Worker) handle(runCtx, ctx context.Context, d broker.Delivery) {
 func (w *Worker) handleExtended(runCtx, ctx context.Context, d broker.Delivery, ext *extender) {
 	msg := d.Message()
 	start := time.Now()
-	dup, err := w.process(ctx, msg)
+	res := w.process(ctx, msg)
 	// While the database is unavailable the message is not at fault: hold
 	// the delivery and try again, without spending an attempt.
-	for backoff := 100 * time.Millisecond; err != nil && errors.Is(err, errDatabase); backoff = min(2*backoff, 5*time.Second) {
-		w.log.Error("worker: database unavailable; holding the message and trying again", "message_id", msg.ID, "err", err, "retry_in", backoff)
+	for backoff := 100 * time.Millisecond; res.err != nil && errors.Is(res.err, errDatabase); backoff = min(2*backoff, 5*time.Second) {
+		w.log.Error("worker: database unavailable; holding the message and trying again", "message_id", msg.ID, "err", res.err, "retry_in", backoff)
 		select {
 		case <-runCtx.Done():
 			ext.stop()
@@ -458,65 +545,127 @@ func (w *Worker) handleExtended(runCtx, ctx context.Context, d broker.Delivery, 
 		case <-time.After(backoff):
 		}
 		start = time.Now()
-		dup, err = w.process(ctx, msg)
+		res = w.process(ctx, msg)
 	}
 	dur := time.Since(start)
 	ext.stop()
 
 	switch {
-	case dup:
+	case res.dup:
 		w.ack(ctx, d, msg, OutcomeDuplicate, dur)
-	case err == nil:
-		w.ack(ctx, d, msg, OutcomeAck, dur)
+	case res.rec.dead:
+		w.deadAgain(ctx, d, res.msg, res.rec, dur)
+	case res.err == nil:
+		w.ack(ctx, d, res.msg, OutcomeAck, dur)
 	case ctx.Err() != nil:
 		// Shutdown timeout expired: leave the delivery unsettled so the
 		// broker redelivers it without spending an attempt.
-		w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", msg.ID, "err", err)
+		w.log.Warn("worker: handler cancelled by shutdown; message left for redelivery", "message_id", msg.ID, "err", res.err)
 	default:
-		w.settle(ctx, d, msg, err, dur, false)
+		f := res.fail
+		if f == nil {
+			f = w.fail(ctx, res.msg, res.err, false)
+		}
+		w.settle(ctx, d, res.msg, f, dur)
 	}
 }
 
-// process runs the dedup insert, the handler and the commit in one
-// transaction. dup reports a message already processed by this consumer.
-func (w *Worker) process(ctx context.Context, msg *broker.Message) (dup bool, err error) {
+// processResult is what process found and did.
+type processResult struct {
+	dup  bool            // the consumer processed the message before
+	rec  attemptRecord   // the message's attempt record
+	msg  *broker.Message // the message as the handler saw it (Attempt from rec)
+	err  error           // the handler's error, or why it did not run
+	fail *failure        // the failed attempt, decided and recorded; nil if not yet
+}
+
+// process runs the dedup insert (reading the attempt record), the handler
+// and the commit in one transaction. A message whose record says "dead"
+// is not handled: the transaction is rolled back and res.rec.dead is set.
+func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processResult) {
+	res.msg = msg
 	tx, err := w.cfg.Pool.Begin(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return false, ctx.Err()
+			res.err = ctx.Err()
+			return res
 		}
-		return false, fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+		res.err = fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+		return res
 	}
-	tag, err := tx.Exec(ctx, dedupSQL, w.cfg.Consumer, msg.ID)
+	inserted, err := w.dedup(ctx, tx, msg.ID, &res.rec)
 	if err != nil {
 		w.rollback(ctx, tx)
 		var pgErr *pgconn.PgError
 		switch {
 		case ctx.Err() != nil:
-			return false, ctx.Err()
+			res.err = ctx.Err()
 		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
 			// Data exception: the message ID itself is unusable (e.g. not
 			// valid UTF-8); retrying cannot help.
-			return false, Permanent(fmt.Errorf("worker: message ID %q: insert into %s: %w", msg.ID, DedupTable, err))
+			res.err = Permanent(fmt.Errorf("worker: message ID %q: insert into %s: %w", msg.ID, DedupTable, err))
 		default:
 			// Connection lost, table missing (migrations not run), ...:
 			// not the message's fault.
-			return false, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
+			res.err = fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
 		}
+		return res
 	}
-	if tag.RowsAffected() == 0 {
+	if !inserted {
 		w.rollback(ctx, tx)
-		return true, nil
+		res.dup = true
+		return res
 	}
-	if err := w.callHandler(ctx, tx, msg); err != nil {
+	res.msg = withAttempt(msg, res.rec)
+	if res.rec.dead {
 		w.rollback(ctx, tx)
-		return false, err
+		return res
+	}
+	if err := w.callHandler(ctx, tx, res.msg); err != nil {
+		if ctx.Err() == nil {
+			// Record the failed attempt before the rollback releases the
+			// dedup row a redelivered copy may be waiting for.
+			res.fail = w.fail(ctx, res.msg, err, false)
+		}
+		w.rollback(ctx, tx)
+		res.err = err
+		return res
+	}
+	if res.rec.attempts > 0 {
+		if _, err := tx.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
+			w.rollback(ctx, tx)
+			res.err = fmt.Errorf("worker: delete from %s: %w", AttemptsTable, err)
+			return res
+		}
 	}
 	if err := commit(ctx, tx); err != nil {
 		w.rollback(ctx, tx)
-		return false, fmt.Errorf("worker: commit: %w", err)
+		res.err = fmt.Errorf("worker: commit: %w", err)
 	}
-	return false, nil
+	return res
+}
+
+// dedup inserts the dedup row of id and, in the same round trip, reads
+// its attempt record into rec. inserted is false for a duplicate.
+func (w *Worker) dedup(ctx context.Context, tx pgx.Tx, id string, rec *attemptRecord) (inserted bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(dedupSQL, w.cfg.Consumer, id)
+	b.Queue(attemptSQL, w.cfg.Consumer, id)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&rec.attempts, &rec.dead, &rec.lastError)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // commit commits tx on a context detached from ctx's cancellation: once a
@@ -562,48 +711,128 @@ func (w *Worker) ack(ctx context.Context, d broker.Delivery, msg *broker.Message
 	w.outcome(msg, o, dur)
 }
 
-// settle decides between retry and DLQ for a failed attempt, runs
-// OnFailure, and settles the delivery.
-func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, herr error, dur time.Duration, dead bool) {
-	var delay time.Duration
-	if !dead && !IsPermanent(herr) {
+// failure is a failed attempt: the decision between retry and DLQ, and
+// whether it is in AttemptsTable.
+type failure struct {
+	err      error         // the handler's error
+	dead     bool          // to the DLQ
+	delay    time.Duration // before the retry, when not dead
+	reason   string        // HeaderLastError
+	recorded bool          // written to AttemptsTable
+}
+
+// fail decides between retry and DLQ for the failed attempt msg.Attempt
+// (dead forces the DLQ) and records it in AttemptsTable in its own
+// transaction, before anything else happens to the delivery.
+func (w *Worker) fail(ctx context.Context, msg *broker.Message, herr error, dead bool) *failure {
+	f := &failure{err: herr, dead: dead}
+	if !f.dead && !IsPermanent(herr) {
 		attempt := max(msg.Attempt, 1)
 		var retry bool
-		delay, retry = w.policy.NextRetry(attempt, herr)
-		dead = !retry
+		f.delay, retry = w.policy.NextRetry(attempt, herr)
+		f.dead = !retry
 		var ra *RetryAfterError
 		if retry && errors.As(herr, &ra) && ra.Delay > 0 {
-			delay = ra.Delay
+			f.delay = ra.Delay
 		}
-		if w.caps.MaxDelay > 0 && delay > w.caps.MaxDelay {
-			delay = w.caps.MaxDelay
+		if w.caps.MaxDelay > 0 && f.delay > w.caps.MaxDelay {
+			f.delay = w.caps.MaxDelay
 		}
-		delay = max(delay, 0)
+		f.delay = max(f.delay, 0)
 	} else {
-		dead = true
+		f.dead = true
 	}
-	reason := broker.TruncateReason(herr.Error())
+	f.reason = broker.TruncateReason(herr.Error())
+	if msg.ID == "" {
+		return f
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := w.recordAttempt(sctx, msg, f.reason, f.dead); err != nil {
+		w.log.Error("worker: could not record the failed attempt; if the settlement fails too, the redelivery's attempt number is the broker's",
+			"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+	} else {
+		f.recorded = true
+	}
+	return f
+}
 
+// settle runs OnFailure for the failed attempt f and settles the delivery
+// as f decided. When the broker refuses the settlement the outcome is
+// OutcomeUnsettled and the attempt record decides what the redelivery is.
+func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, f *failure, dur time.Duration) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	if w.cfg.OnFailure != nil {
-		if err := w.onFailure(sctx, msg, herr, dead); err != nil {
-			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", dead, "err", err)
+		if err := w.onFailure(sctx, msg, f.err, f.dead); err != nil {
+			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", f.dead, "err", err)
 		}
 	}
-	if dead {
-		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", reason)
-		if err := d.DeadLetter(sctx, reason); err != nil {
-			w.log.Error("worker: dead-letter failed; the broker will redeliver the message", "message_id", msg.ID, "err", err)
+	if f.dead {
+		w.log.Warn("worker: message dead-lettered", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "reason", f.reason)
+		if err := d.DeadLetter(sctx, f.reason); err != nil {
+			then := "the broker will redeliver it and the worker will dead-letter the redelivery without running the handler"
+			if !f.recorded {
+				then = "the broker will redeliver it"
+			}
+			w.log.Warn("worker: dead-letter not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+			w.outcome(msg, OutcomeUnsettled, dur)
+			return
+		}
+		if f.recorded {
+			w.clearAttempts(sctx, msg)
 		}
 		w.outcome(msg, OutcomeDead, dur)
 		return
 	}
-	w.log.Info("worker: message will be retried", "message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "delay", delay, "reason", reason)
-	if err := d.Retry(sctx, delay, reason); err != nil {
-		w.log.Error("worker: retry failed; the broker will redeliver the message", "message_id", msg.ID, "err", err)
+	w.log.Info("worker: message will be retried", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "delay", f.delay, "reason", f.reason)
+	if err := d.Retry(sctx, f.delay, f.reason); err != nil {
+		then := fmt.Sprintf("the broker will redeliver it, without the delay, and the worker will handle the redelivery as attempt %d", msg.Attempt+1)
+		if !f.recorded {
+			then = "the broker will redeliver it"
+		}
+		w.log.Warn("worker: retry not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		w.outcome(msg, OutcomeUnsettled, dur)
+		return
 	}
 	w.outcome(msg, OutcomeRetry, dur)
+}
+
+// deadAgain dead-letters a redelivery of a message whose DLQ was decided
+// by an earlier attempt, whose DeadLetter the broker did not take; the
+// handler does not run again. msg.Attempt is that last attempt.
+func (w *Worker) deadAgain(ctx context.Context, d broker.Delivery, msg *broker.Message, rec attemptRecord, dur time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	w.log.Warn("worker: redelivery of a message already bound for the DLQ; dead-lettering it without running the handler",
+		"message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", rec.lastError)
+	if err := d.DeadLetter(sctx, rec.lastError); err != nil {
+		w.log.Warn("worker: dead-letter not settled: the broker will redeliver it and the worker will try again",
+			"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		w.outcome(msg, OutcomeUnsettled, dur)
+		return
+	}
+	w.clearAttempts(sctx, msg)
+	w.outcome(msg, OutcomeDead, dur)
+}
+
+// recordAttempt writes the failed attempt msg.Attempt into AttemptsTable,
+// in its own transaction.
+func (w *Worker) recordAttempt(ctx context.Context, msg *broker.Message, reason string, dead bool) error {
+	reason = strings.ReplaceAll(reason, "\x00", "") // PostgreSQL text holds no NUL
+	if _, err := w.cfg.Pool.Exec(ctx, recordAttemptSQL, w.cfg.Consumer, msg.ID, max(msg.Attempt, 1), reason, dead); err != nil {
+		return fmt.Errorf("worker: insert into %s: %w", AttemptsTable, err)
+	}
+	return nil
+}
+
+// clearAttempts deletes the attempt record of a message the DLQ took, so
+// a replay from the DLQ starts again at attempt 1.
+func (w *Worker) clearAttempts(ctx context.Context, msg *broker.Message) {
+	if _, err := w.cfg.Pool.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
+		w.log.Warn("worker: could not delete the attempt record of a dead-lettered message; a replay of it from the DLQ will be dead-lettered at once",
+			"message_id", msg.ID, "table", AttemptsTable, "err", err)
+	}
 }
 
 // onFailure runs OnFailure in its own transaction.

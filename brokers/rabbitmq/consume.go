@@ -88,10 +88,18 @@ var _ broker.Subscription = (*subscription)(nil)
 // subscription stops until every delivery handed out from it is settled.
 type consumerChan struct {
 	ch          *amqp.Channel
+	closeReason chan *amqp.Error // the server's reason when it closes ch (NotifyClose)
 	mu          sync.Mutex
 	outstanding int
 	retiring    bool // the subscription stopped consuming on it
 	closedOnce  sync.Once
+}
+
+// outstandingNow returns the deliveries handed out and not yet settled.
+func (c *consumerChan) outstandingNow() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.outstanding
 }
 
 func (c *consumerChan) handedOut() {
@@ -172,9 +180,19 @@ func (s *subscription) run() {
 		}
 		failures = 0
 		s.signalStarted(nil)
-		cc := &consumerChan{ch: ch}
+		cc := &consumerChan{ch: ch, closeReason: ch.NotifyClose(make(chan *amqp.Error, 1))}
 		if !s.pump(cc, msgs, tag) {
 			return
+		}
+		select {
+		case e, ok := <-cc.closeReason:
+			if ok && e != nil && !conn.IsClosed() {
+				// E.g. 406 PRECONDITION_FAILED "delivery acknowledgement
+				// on channel 1 timed out" (consumer_timeout).
+				log.Warn("rabbitmq: the server closed the consumer channel; consuming again on a new channel, its unsettled deliveries will be redelivered and their settlements fail",
+					"code", e.Code, "reason", e.Reason, "outstanding", cc.outstandingNow())
+			}
+		default:
 		}
 		// The channel or connection was lost (or the server cancelled the
 		// consumer, e.g. the queue was deleted): close what is left and

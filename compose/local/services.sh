@@ -354,7 +354,15 @@ start_postgres() {
 		as_pg touch "$PGLOG"
 		ln -sfn "$PGLOG" "$STATE/postgres.log"
 		say "postgres: starting on 127.0.0.1:$port"
-		as_pg bash -c "$CLOSE_FDS"'exec "$@"' pg_ctl "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "-p $port" start </dev/null >/dev/null 2>&1 ||
+		# pg_stat_statements is preloaded (when the package ships it) so
+		# the benchmarks can count statements per event; loaded, it only
+		# counts (the view exists where the extension is created: database
+		# ferry). Given on the command line, so clusters created before
+		# this line get it too.
+		local opts="-p $port"
+		[ -f "$("$PGBIN/pg_config" --pkglibdir 2>/dev/null || echo "$PGBIN/../lib")/pg_stat_statements.so" ] &&
+			opts="$opts -c shared_preload_libraries=pg_stat_statements"
+		as_pg bash -c "$CLOSE_FDS"'exec "$@"' pg_ctl "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "$opts" start </dev/null >/dev/null 2>&1 ||
 			fail_start postgres "$PGLOG" "pg_ctl start failed"
 	fi
 	# Provision: role ferry/ferry (may create databases: tests do) and
@@ -368,6 +376,11 @@ start_postgres() {
 END \$\$;" || die "postgres: could not create role ferry"
 	if [ "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = 'ferry'")" != 1 ]; then
 		psql_admin -c "CREATE DATABASE ferry OWNER ferry" || die "postgres: could not create database ferry"
+	fi
+	# The pg_stat_statements view, in database ferry (it shows the
+	# statements of every database; bench/ reads it), when preloaded.
+	if [ "$(psql_admin -tAc "SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' AND setting LIKE '%pg_stat_statements%'")" = 1 ]; then
+		psql_admin -d ferry -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" || die "postgres: could not create extension pg_stat_statements"
 	fi
 }
 

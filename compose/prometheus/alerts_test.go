@@ -73,7 +73,7 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true,
 		metrics.WorkerMessagesTotal: true,
 	}
-	outcomes := []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate}
+	outcomes := []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate, metrics.OutcomeUnsettled}
 	p := parser.NewParser(parser.Options{})
 	for name, r := range parseRules(t) {
 		expr, err := p.ParseExpr(r.Expr)

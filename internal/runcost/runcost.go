@@ -243,3 +243,63 @@ func (c Cost) Describe(events int) string {
 	}
 	return s
 }
+
+// Statement is one normalized statement's figures from pg_stat_statements
+// for one database.
+type Statement struct {
+	Query    string        // normalized text, whitespace collapsed
+	Calls    int64         // executions
+	Rows     int64         // rows returned or affected, in all
+	Time     time.Duration // total execution time in the server
+	WALBytes int64         // WAL the statement generated, in all
+}
+
+// Statements reads pg_stat_statements for the statements run on database
+// dbName, most total time first, at most limit of them. admin is a pool
+// on a database where the extension exists (compose/local/services.sh
+// creates it in database ferry, with the library preloaded); its user sees
+// the text of its own statements only. The view keeps counting across
+// runs, so give each run a fresh database.
+func Statements(ctx context.Context, admin *pgxpool.Pool, dbName string, limit int) ([]Statement, error) {
+	rows, err := admin.Query(ctx, `
+		SELECT regexp_replace(s.query, '\s+', ' ', 'g'), s.calls, s.rows,
+		       s.total_exec_time, s.wal_bytes::bigint
+		FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+		WHERE d.datname = $1
+		ORDER BY s.total_exec_time DESC
+		LIMIT $2`, dbName, limit)
+	if err != nil {
+		return nil, fmt.Errorf("runcost: pg_stat_statements (preloaded, extension created in this database?): %w", err)
+	}
+	defer rows.Close()
+	var out []Statement
+	for rows.Next() {
+		var st Statement
+		var ms float64
+		if err := rows.Scan(&st.Query, &st.Calls, &st.Rows, &ms, &st.WALBytes); err != nil {
+			return nil, fmt.Errorf("runcost: pg_stat_statements: %w", err)
+		}
+		st.Time = time.Duration(ms * float64(time.Millisecond))
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("runcost: pg_stat_statements: %w", err)
+	}
+	return out, nil
+}
+
+// DescribeStatements gives one line per statement: calls, rows and WAL
+// bytes per event, mean time per call, the query (cut at 110 bytes).
+func DescribeStatements(sts []Statement, events int) []string {
+	out := make([]string, 0, len(sts))
+	for _, st := range sts {
+		q := st.Query
+		if len(q) > 110 {
+			q = q[:110] + "..."
+		}
+		out = append(out, fmt.Sprintf("%7.3f calls/event %8.2f rows/call %7.1f WAL B/event %7.3f ms/call  %s",
+			float64(st.Calls)/float64(events), float64(st.Rows)/float64(max(st.Calls, 1)),
+			float64(st.WALBytes)/float64(events), st.Time.Seconds()*1000/float64(max(st.Calls, 1)), q))
+	}
+	return out
+}

@@ -48,6 +48,25 @@ func TestMeterCountsCommitsWALAndCPU(t *testing.T) {
 	require.Len(t, c.CPU, 2)
 	require.Equal(t, "postgres", c.CPU[1].Name)
 	require.Positive(t, c.CPU[1].CPU, "200 transactions cost PostgreSQL some CPU")
+	// pg_stat_statements, read from database ferry where the extension
+	// is, saw the inserts of this run's database.
+	ferry, err := pgxpool.New(ctx, testenv.DatabaseURL())
+	require.NoError(t, err)
+	defer ferry.Close()
+	var dbName string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName))
+	sts, err := Statements(ctx, ferry, dbName, 50)
+	require.NoError(t, err)
+	var inserts int64
+	for _, st := range sts {
+		if st.Query == "INSERT INTO t (body) VALUES (repeat($1, $2))" {
+			inserts = st.Calls
+			require.Positive(t, st.WALBytes)
+		}
+	}
+	require.Equal(t, int64(n), inserts, "%v", sts)
+	require.Len(t, DescribeStatements(sts[:1], n), 1)
+
 	ms := c.Metrics(n)
 	require.Equal(t, "all-cpu-s/1k", ms[2].Unit)
 	require.InDelta(t, c.TotalCPU().Seconds()/(n/1000.0), ms[2].Value, 1e-9)

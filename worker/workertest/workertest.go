@@ -67,6 +67,9 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("AlreadyProcessedIsDuplicate", func(t *testing.T) { testAlreadyProcessed(t, s) })
 	t.Run("ManyMessagesEachOnce", func(t *testing.T) { testMany(t, s) })
 	t.Run("RetriesThenDeadLetter", func(t *testing.T) { testRetriesThenDLQ(t, s) })
+	t.Run("LostSettlementsKeepAttempts", func(t *testing.T) { testLostSettlements(t, s) })
+	t.Run("AttemptRecordClearedOnSuccess", func(t *testing.T) { testAttemptRecordClearedOnSuccess(t, s) })
+	t.Run("LostAckIsDuplicateNotRetry", func(t *testing.T) { testLostAck(t, s) })
 	t.Run("PermanentGoesToDLQAtOnce", func(t *testing.T) { testPermanent(t, s) })
 	t.Run("TwoConsumersEachOnce", func(t *testing.T) { testTwoConsumers(t, s) })
 	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, s) })
@@ -77,6 +80,7 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("ShutdownFinishesInFlight", func(t *testing.T) { testShutdown(t, s) })
 	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, s) })
 	t.Run("ShutdownTimeoutCommitsFinishedWork", func(t *testing.T) { testShutdownTimeoutCommits(t, s) })
+	t.Run("ShutdownBoundedWhenHandlerIgnoresCtx", func(t *testing.T) { testShutdownBounded(t, s) })
 }
 
 // CreateSchema migrates the pool's database with outbox.Migrate (which
@@ -649,6 +653,61 @@ func testShutdownTimeout(t *testing.T, s suite) {
 	out2.waitCount(t, worker.OutcomeAck, 1)
 	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '13'`))
 	require.Empty(t, listDLQ(t, f.b, f.queue))
+}
+
+// testShutdownBounded: a handler that ignores its ctx altogether (a mail
+// server that takes its time to answer) does not hold Run past
+// ShutdownTimeout + worker.ShutdownGrace; its message is left for
+// redelivery and handled by the next worker.
+func testShutdownBounded(t *testing.T, s suite) {
+	f := setup(t, s, 1)
+	out := newOutcomes()
+	started := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	cfg := f.config("deaf", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		once.Do(func() { close(started) })
+		<-release // deaf to ctx
+		return errors.New("released after the shutdown")
+	})
+	cfg.ShutdownTimeout = 300 * time.Millisecond
+	cfg.OnOutcome = out.hook
+	w, err := worker.New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	f.publish(t, f.msg("15"))
+	select {
+	case <-started:
+	case <-time.After(waitTimeout):
+		t.Fatal("workertest: the handler did not start")
+	}
+	begin := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("workertest: Run did not return")
+	}
+	took := time.Since(begin)
+	bound := cfg.ShutdownTimeout + worker.ShutdownGrace + time.Second // 1 s for the scheduler and Subscription.Close
+	require.Less(t, took, bound, "Run returns within ShutdownTimeout + ShutdownGrace")
+	require.GreaterOrEqual(t, took, cfg.ShutdownTimeout)
+	require.NoError(t, f.b.Close()) // the unsettled delivery goes back to the queue
+	close(release)                  // the deaf handler rolls back, as when the process exits
+
+	f.b = s.newBroker(t)
+	require.NoError(t, f.b.Declare(context.Background(), f.topo))
+	out2 := newOutcomes()
+	cfg2 := f.config("deaf", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		return recordSideEffect(ctx, tx, "deaf", msg)
+	})
+	cfg2.OnOutcome = out2.hook
+	start(t, cfg2)
+	out2.waitCount(t, worker.OutcomeAck, 1)
+	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '15'`))
 }
 
 // testShutdownTimeoutCommits: a handler that is still running when the

@@ -24,6 +24,7 @@ const (
 	flagAll           = "all"
 	flagDryRun        = "dry-run"
 	flagYes           = "yes"
+	flagAppID         = "app-id"
 )
 
 func formatFlag() cli.Flag {
@@ -63,10 +64,11 @@ func dlqCommand() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:  "list",
-				Usage: "list dead messages, oldest first: ID, type, attempts, last error, first failure",
+				Usage: "list dead messages, oldest first: ID, application id, type, attempts, last error, first failure; says how many there are in all",
 				Flags: concat(dlqFlags(), []cli.Flag{
-					&cli.IntFlag{Name: flagLimit, Value: 100, Usage: "list at most this many (0: all)"},
+					&cli.IntFlag{Name: flagLimit, Value: 100, Usage: "list at most this many (0: all); the total is counted either way"},
 					&cli.StringFlag{Name: flagErrorContains, Usage: "only messages whose last error contains this text (case-insensitive)"},
+					&cli.StringSliceFlag{Name: flagAppID, Usage: "only messages with this application id (x-app-id, e.g. the notification id; repeatable, or comma-separated)"},
 					formatFlag(),
 				}),
 				Action: dlqList,
@@ -145,6 +147,7 @@ func notInDLQ(c *cli.Context, s *settings, missing []string, asked int) error {
 // deadJSON is one dead message in `dlq list --format json`.
 type deadJSON struct {
 	ID            string            `json:"id"`
+	AppID         string            `json:"app_id,omitempty"`
 	Type          string            `json:"type"`
 	Key           string            `json:"key,omitempty"`
 	Attempts      int               `json:"attempts"`
@@ -177,33 +180,55 @@ func dlqList(c *cli.Context) error {
 		return usagef("--%s %d: must be 0 (all) or more", flagLimit, limit)
 	}
 	filter := strings.ToLower(c.String(flagErrorContains))
+	appIDs := map[string]bool{}
+	for _, v := range c.StringSlice(flagAppID) {
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				appIDs[id] = true
+			}
+		}
+	}
 	b, d, err := openDLQ(c, s, log)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	fetch := limit
-	if filter != "" {
-		fetch = 0
-	}
-	msgs, err := d.List(c.Context, fetch)
+	// The whole DLQ is read, so the total is known and a cut list says so.
+	msgs, err := d.List(c.Context, 0)
 	if err != nil {
 		return dlqError(c, s, err)
 	}
-	var out []broker.DeadMessage
+	var match []broker.DeadMessage
 	for _, m := range msgs {
 		if filter != "" && !strings.Contains(strings.ToLower(m.LastError), filter) {
 			continue
 		}
-		out = append(out, m)
-		if limit > 0 && len(out) == limit {
-			break
+		if len(appIDs) > 0 && !appIDs[m.Message.Headers[broker.HeaderAppID]] {
+			continue
 		}
+		match = append(match, m)
+	}
+	out := match
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
 	if format == "json" {
 		return writeDeadJSON(c.App.Writer, out)
 	}
 	writeDeadTable(c.App.Writer, out)
+	filtered := filter != "" || len(appIDs) > 0
+	switch {
+	case len(out) < len(match) && filtered:
+		fmt.Fprintf(c.App.Writer, "showing the oldest %d of %d matching dead message(s) (%d in the DLQ %s); --%s 0 lists all, --%s N more\n",
+			len(out), len(match), len(msgs), broker.DLQName(s.queue), flagLimit, flagLimit)
+	case len(out) < len(match):
+		fmt.Fprintf(c.App.Writer, "showing the oldest %d of %d dead message(s) in the DLQ %s; --%s 0 lists all, --%s N more, --format json for every field\n",
+			len(out), len(match), broker.DLQName(s.queue), flagLimit, flagLimit)
+	case filtered:
+		fmt.Fprintf(c.App.Writer, "%d matching dead message(s) (%d in the DLQ %s)\n", len(out), len(msgs), broker.DLQName(s.queue))
+	default:
+		fmt.Fprintf(c.App.Writer, "%d dead message(s) in the DLQ %s\n", len(out), broker.DLQName(s.queue))
+	}
 	return nil
 }
 
@@ -211,7 +236,7 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	items := make([]deadJSON, 0, len(msgs))
 	for _, m := range msgs {
 		j := deadJSON{
-			ID: m.Message.ID, Type: m.Message.Type, Key: m.Message.Key, Attempts: m.Message.Attempt,
+			ID: m.Message.ID, AppID: m.Message.Headers[broker.HeaderAppID], Type: m.Message.Type, Key: m.Message.Key, Attempts: m.Message.Attempt,
 			LastError: m.LastError, FirstFailedAt: timePtr(m.FirstFailedAt), DeadAt: timePtr(m.DeadAt),
 			Headers: m.Message.Headers,
 		}
@@ -229,16 +254,19 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 
 func writeDeadTable(w io.Writer, msgs []broker.DeadMessage) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTYPE\tATTEMPTS\tFIRST FAILED\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tAPP ID\tTYPE\tATTEMPTS\tFIRST FAILED\tLAST ERROR")
 	for _, m := range msgs {
 		first := "-"
 		if !m.FirstFailedAt.IsZero() {
 			first = m.FirstFailedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", m.Message.ID, m.Message.Type, m.Message.Attempt, first, clipText(m.LastError, 120))
+		appID := m.Message.Headers[broker.HeaderAppID]
+		if appID == "" {
+			appID = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Message.ID, clipText(appID, 40), m.Message.Type, m.Message.Attempt, first, clipText(m.LastError, 120))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "%d dead message(s)\n", len(msgs))
 }
 
 // selection returns the IDs of --id, or nil for --all; exactly one of them

@@ -21,7 +21,8 @@ import (
 )
 
 // deadLetters declares tp on b (as a worker would) and dead-letters one
-// message per id from its first queue.
+// message per id from its first queue, each with the application id
+// "app-"+id (broker.HeaderAppID).
 func deadLetters(t *testing.T, b broker.Broker, tp broker.Topology, ids ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -31,7 +32,8 @@ func deadLetters(t *testing.T, b broker.Broker, tp broker.Topology, ids ...strin
 	require.NoError(t, err)
 	defer sub.Close()
 	for _, id := range ids {
-		require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: id, Type: "notification.requested", Body: []byte(`{}`)}}))
+		require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: id, Type: "notification.requested", Body: []byte(`{}`),
+			Headers: map[string]string{broker.HeaderAppID: "app-" + id}}}))
 		d, err := sub.Receive(ctx)
 		require.NoError(t, err)
 		require.Equal(t, id, d.Message().ID)
@@ -163,6 +165,44 @@ func TestDLQDeclaresNothingRabbitMQ(t *testing.T) {
 	code, out, errOut = run(t, append([]string{"dlq", "purge", "--all", "--yes"}, rabbitArgs(q)...)...)
 	require.Equal(t, 0, code, "stderr: %s", errOut)
 	require.Contains(t, out, "purged 1 message(s)")
+}
+
+// TestDLQListSaysTotalAndAppID: a list cut by --limit says how many dead
+// messages there are in all and how to see the rest; the application id
+// (x-app-id, the notification id in the sample app) is shown, in JSON too,
+// and --app-id finds a message by it.
+func TestDLQListSaysTotalAndAppID(t *testing.T) {
+	base := testenv.UniqueName("cli-dlq")
+	tp := broker.Topology{Exchange: base + ".ex", Queues: []broker.Queue{{
+		Name: base + ".work", Bindings: []string{"notification.requested"}, RetryDelays: []time.Duration{30 * time.Second},
+	}}}
+	q := tp.Queues[0].Name
+	t.Cleanup(func() { deleteRabbit(t, tp.Exchange, rabbitQueues(q)...) })
+	deadLetters(t, rabbitBroker(t), tp, "m1", "m2", "m3", "m4", "m5")
+
+	code, out, errOut := run(t, append([]string{"dlq", "list", "--limit", "2"}, rabbitArgs(q)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, "APP ID")
+	require.Contains(t, out, "app-m1")
+	require.NotContains(t, out, "app-m3", "cut at 2")
+	require.Contains(t, out, "showing the oldest 2 of 5 dead message(s) in the DLQ "+q+".dlq; --limit 0 lists all")
+
+	code, out, errOut = run(t, append([]string{"dlq", "list"}, rabbitArgs(q)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, "5 dead message(s) in the DLQ")
+	require.NotContains(t, out, "showing")
+
+	code, out, errOut = run(t, append([]string{"dlq", "list", "--app-id", "app-m4"}, rabbitArgs(q)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, "m4")
+	require.NotContains(t, out, "app-m1")
+	require.Contains(t, out, "1 matching dead message(s) (5 in the DLQ")
+
+	code, out, errOut = run(t, append([]string{"dlq", "list", "--format", "json", "--app-id", "app-m2,app-m5"}, rabbitArgs(q)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, `"app_id": "app-m2"`)
+	require.Contains(t, out, `"app_id": "app-m5"`)
+	require.NotContains(t, out, `"app_id": "app-m1"`)
 }
 
 // deleteNATS removes the streams of exchange, for cleanup.

@@ -240,18 +240,21 @@ func workerCommand() *cli.Command {
 }
 
 // runStack opens the stack of a long-running command and runs f until
-// c.Context is done.
+// c.Context is done; it returns at most --shutdown-timeout +
+// ShutdownMargin after that (boundShutdown).
 func runStack(c *cli.Context, f func(context.Context, *stack) error) error {
 	s, log, err := setup(c, "")
 	if err != nil {
 		return err
 	}
-	st, err := openStack(c.Context, s, log, false)
-	if err != nil {
-		return ignoreStopped(c.Context, err)
-	}
-	defer st.close()
-	return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, func(ctx context.Context) error { return f(ctx, st) }))
+	return boundShutdown(c.Context, s.shutdownTimeout, log, func() error {
+		st, err := openStack(c.Context, s, log, false)
+		if err != nil {
+			return ignoreStopped(c.Context, err)
+		}
+		defer st.close()
+		return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, func(ctx context.Context) error { return f(ctx, st) }))
+	})
 }
 
 func runCommand() *cli.Command {
@@ -274,12 +277,14 @@ func runCommand() *cli.Command {
 			// Only the embedded PostgreSQL is migrated here; a database
 			// given with --database-url is migrated explicitly ("ferry
 			// migrate"), and runAll refuses it without the schema.
-			st, err := openStack(c.Context, s, log, !s.databaseSet)
-			if err != nil {
-				return ignoreStopped(c.Context, err)
-			}
-			defer st.close()
-			return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, st.runAll))
+			return boundShutdown(c.Context, s.shutdownTimeout, log, func() error {
+				st, err := openStack(c.Context, s, log, !s.databaseSet)
+				if err != nil {
+					return ignoreStopped(c.Context, err)
+				}
+				defer st.close()
+				return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, st.runAll))
+			})
 		},
 	}
 }

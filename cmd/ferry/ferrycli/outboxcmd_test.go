@@ -16,7 +16,7 @@ func TestOutboxStatsRefusesDatabaseWithoutSchema(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	code, errOut := runFor(t, 20*time.Second, "outbox", "stats", "--database-url", db)
 	require.Equal(t, 1, code, errOut)
-	require.Contains(t, errOut, `ferry: the database has no ferry schema (outbox migration version 0 of 1): run "ferry migrate" first`)
+	require.Contains(t, errOut, `ferry: the database has no ferry schema (outbox migration version 0 of 3): run "ferry migrate" first`)
 	require.NotContains(t, errOut, "SQLSTATE")
 
 	code, errOut = runFor(t, 30*time.Second, "migrate", "--database-url", db)

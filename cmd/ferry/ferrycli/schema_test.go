@@ -34,7 +34,7 @@ func TestRolesRefuseDatabaseWithoutSchema(t *testing.T) {
 	rabbit := []string{"--broker", "rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
 		"--exchange", testenv.UniqueName("schema-ex"), "--queue", testenv.UniqueName("schema-q"),
 		"--metrics-addr", "127.0.0.1:0"} // not the default ports other processes may hold
-	const want = `ferry: the database has no ferry schema (outbox migration version 0 of 1): run "ferry migrate" first`
+	const want = `ferry: the database has no ferry schema (outbox migration version 0 of 3): run "ferry migrate" first`
 	for _, role := range [][]string{
 		{"api", "--addr", "127.0.0.1:0"},
 		{"relay"},

@@ -151,7 +151,7 @@ func workerFlags() []cli.Flag {
 
 func shutdownFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.DurationFlag{Name: flagShutdownTimeout, Value: 30 * time.Second, EnvVars: env(flagShutdownTimeout), Usage: "on SIGINT/SIGTERM, how long in-flight work may finish"},
+		&cli.DurationFlag{Name: flagShutdownTimeout, Value: 30 * time.Second, EnvVars: env(flagShutdownTimeout), Usage: "on SIGINT/SIGTERM, how long in-flight work may finish; the process exits at most 5s later, leaving unfinished messages to be redelivered"},
 	}
 }
 

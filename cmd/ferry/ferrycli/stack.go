@@ -217,7 +217,7 @@ func (st *stack) checkSchema(ctx context.Context, withApp bool) error {
 
 func (st *stack) close() {
 	st.obs.close()
-	st.pool.Close()
+	closePool(st.pool, st.log)
 }
 
 func (st *stack) topology() broker.Topology { return st.app.Topology(st.s.retryDelays) }

@@ -1,0 +1,70 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferrymq/ferry/internal/runcost"
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// startCost starts measuring what a run on db costs: the CPU of this
+// process ("app": producers, relay and worker alike), of PostgreSQL and,
+// unless kind is "", of the broker's server; PostgreSQL's WAL and commits.
+func startCost(b *testing.B, db database, kind string) *runcost.Meter {
+	b.Helper()
+	ctx := benchCtx(b)
+	pg, err := runcost.Postgres(ctx, db.pool)
+	must(b, err)
+	procs := []runcost.Process{runcost.Self("app"), pg}
+	switch kind {
+	case "rabbitmq":
+		p, err := runcost.Listener("rabbitmq", testenv.RabbitMQURL())
+		must(b, err)
+		procs = append(procs, p)
+	case "nats":
+		p, err := runcost.Listener("nats", testenv.NATSURL())
+		must(b, err)
+		procs = append(procs, p)
+	}
+	m, err := runcost.Start(ctx, db.pool, procs...)
+	must(b, err)
+	return m
+}
+
+// stopCost ends the measurement (close the run's pools first), reports
+// its per-event figures as metrics, each unit prefixed by prefix, and
+// returns them in words.
+func stopCost(b *testing.B, m *runcost.Meter, db database, events int, prefix string) string {
+	b.Helper()
+	c, err := m.Stop(benchCtx(b), db.pool)
+	must(b, err)
+	for _, mt := range c.Metrics(events) {
+		b.ReportMetric(mt.Value, prefix+mt.Unit)
+	}
+	return c.Describe(events)
+}
+
+// logStatements logs, when FERRY_BENCH_STATEMENTS=1, the statements the
+// run on db executed (pg_stat_statements), per event: what a relay and a
+// worker cost PostgreSQL, statement by statement.
+func logStatements(b *testing.B, db database, events int, label string) {
+	b.Helper()
+	if os.Getenv("FERRY_BENCH_STATEMENTS") != "1" {
+		return
+	}
+	ctx := benchCtx(b)
+	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
+	must(b, err)
+	defer admin.Close()
+	var name string
+	must(b, db.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name))
+	sts, err := runcost.Statements(ctx, admin, name, 25)
+	must(b, err)
+	// Printed, not logged: a benchmark's log is cut at 10 lines.
+	fmt.Printf("%s: statements (pg_stat_statements, most total time first):\n\t%s\n", label, strings.Join(runcost.DescribeStatements(sts, events), "\n\t"))
+}

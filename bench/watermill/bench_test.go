@@ -1,0 +1,199 @@
+package watermill
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// BenchmarkEndToEnd is bench's BenchmarkEndToEnd on Watermill: N events
+// committed by concurrent producers (business row + the forwarder's
+// publisher on the same transaction) while the forwarder and the
+// consumers run, from the first commit to the last business row marked
+// sent; creation alone (the same producers, nothing else running, own
+// database) beside it; CPU per 1,000 events by process, WAL and commits
+// per event for both. Once per profile: Watermill's defaults and tuned.
+func BenchmarkEndToEnd(b *testing.B) {
+	for _, p := range profiles {
+		b.Run(p.name, func(b *testing.B) {
+			s := loadSettings(b)
+			n := s.events
+			ctx := benchCtx(b)
+
+			alone := newDatabase(b)
+			topicAlone := newQueue(b)
+			apool := alone.newPool(b, s.producers)
+			cm := startCost(b, alone, false)
+			d, err := burst(ctx, s.producers, n, func() error { _, err := produce(ctx, apool, topicAlone); return err })
+			must(b, err)
+			createRate := float64(n) / d.Seconds()
+			apool.Close()
+			createCost := stopCost(b, cm, alone, n, "create-")
+
+			db := newDatabase(b)
+			topic := newQueue(b)
+			pl := startPipeline(b, db, topic, p, int64(n), nil)
+			pool := db.newPool(b, s.producers)
+			m := startCost(b, db, true)
+			start := time.Now()
+			pd, err := burst(ctx, s.producers, n, func() error { _, err := produce(ctx, pool, topic); return err })
+			must(b, err)
+			pl.wait(b, 10*time.Minute)
+			elapsed := time.Since(start)
+			pl.stop()
+			pool.Close()
+			cost := stopCost(b, m, db, n, "")
+			logStatements(b, db, n, p.name+": end to end")
+			if sent := countSent(b, db); sent != int64(n) {
+				b.Errorf("watermill bench: %d of %d business rows marked sent", sent, n)
+			}
+
+			rate := float64(n) / elapsed.Seconds()
+			b.ReportMetric(rate, "e2e-events/s")
+			b.ReportMetric(float64(n)/pd.Seconds(), "produce-events/s")
+			b.ReportMetric(createRate, "create-alone-events/s")
+			b.ReportMetric(0, "ns/op")
+			b.Logf("%d events, %d producers; %s; load average %s", n, s.producers, p, machineLoad())
+			b.Logf("%s: creation alone %.0f events/s; %s", p.name, createRate, createCost)
+			b.Logf("%s: end to end %.0f events/s: all %d handled %.2fs after the first commit; producers committed at %.0f events/s meanwhile; %d duplicates, %d failed",
+				p.name, rate, n, elapsed.Seconds(), float64(n)/pd.Seconds(), pl.dups.Load(), pl.failed.Load())
+			b.Logf("%s: end to end cost (app = producers + forwarder + consumers in this process): %s", p.name, cost)
+		})
+	}
+}
+
+// BenchmarkLatency is bench's BenchmarkLatency on Watermill: events
+// committed at a steady rate (200/s and 1,000/s, 10 s worth, after 50
+// warm-up events) while the forwarder and consumers run; latency from
+// just after the commit returned to the handler starting on the event.
+func BenchmarkLatency(b *testing.B) {
+	for _, p := range profiles {
+		b.Run(p.name, func(b *testing.B) {
+			for _, rate := range loadSettings(b).latencyRates {
+				b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { latency(b, p, rate) })
+			}
+		})
+	}
+}
+
+func latency(b *testing.B, p profile, rate int) {
+	s := loadSettings(b)
+	n := s.latencyEvents
+	if n == 0 {
+		n = 10 * rate
+	}
+	const warm = 50
+	ctx := benchCtx(b)
+	db := newDatabase(b)
+	topic := newQueue(b)
+
+	// Indexed by business row id: a fresh database numbers them from 1.
+	size := n + warm + 16
+	base := time.Now()
+	stamp := func(ts []atomic.Int64, id int64) {
+		if id > 0 && id < int64(size) {
+			ts[id].CompareAndSwap(0, int64(time.Since(base)))
+		}
+	}
+	committed := make([]atomic.Int64, size)
+	handled := make([]atomic.Int64, size)
+	pl := startPipeline(b, db, topic, p, int64(n+warm), func(id int64) { stamp(handled, id) })
+	pool := db.newPool(b, s.producers)
+
+	_, err := paced(ctx, pool, topic, warm, rate, s.producers, nil)
+	must(b, err)
+	for deadline := time.Now().Add(time.Minute); pl.acked.Load() < warm; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("watermill bench: warm-up: %d of %d events handled after a minute", pl.acked.Load(), warm)
+		}
+	}
+	var ids []int64
+	var mu sync.Mutex
+	d, err := paced(ctx, pool, topic, n, rate, s.producers, func(id int64) {
+		stamp(committed, id)
+		mu.Lock()
+		ids = append(ids, id)
+		mu.Unlock()
+	})
+	must(b, err)
+	pl.wait(b, 10*time.Minute)
+	pl.stop()
+
+	lat := make([]time.Duration, 0, len(ids))
+	for _, id := range ids {
+		if id <= 0 || id >= int64(size) || handled[id].Load() == 0 {
+			b.Fatalf("watermill bench: event %d: no handling time recorded", id)
+		}
+		lat = append(lat, time.Duration(handled[id].Load()-committed[id].Load()))
+	}
+	slices.Sort(lat)
+	p50, p99, worst := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p99), "p99-ms")
+	b.ReportMetric(ms(worst), "max-ms")
+	b.ReportMetric(float64(n)/d.Seconds(), "paced-events/s")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("%d events at %d/s (achieved %.0f/s); %s; load average %s", n, rate, float64(n)/d.Seconds(), p, machineLoad())
+	b.Logf("%s: commit-to-handler latency p50 %.2f ms, p99 %.2f ms, max %.2f ms; %d duplicates, %d failed", p.name, ms(p50), ms(p99), ms(worst), pl.dups.Load(), pl.failed.Load())
+}
+
+// paced is bench's paced: a ticker hands out n events at rate events/s,
+// producers goroutines commit them; onCommit gets each business row id
+// just after its commit returned.
+func paced(ctx context.Context, pool *pgxpool.Pool, topic string, n, rate, producers int, onCommit func(id int64)) (time.Duration, error) {
+	jobs := make(chan struct{}, n)
+	go func() {
+		t := time.NewTicker(time.Second / time.Duration(rate))
+		defer t.Stop()
+		defer close(jobs)
+		for range n {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				jobs <- struct{}{}
+			}
+		}
+	}()
+	var (
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+	)
+	start := time.Now()
+	for range producers {
+		wg.Go(func() {
+			for range jobs {
+				id, err := produce(ctx, pool, topic)
+				if err != nil {
+					errOnce.Do(func() { first = err })
+					continue
+				}
+				if onCommit != nil {
+					onCommit(id)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return time.Since(start), first
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*p/100+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -78,14 +78,11 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 	}
 	db := &database{url: cfg.DatabaseURL}
 	tp := topologyNamed(cfg.Exchange)
-	br, err := cfg.Open(ctx)
+	br, err := connect(ctx, cfg, tp)
 	if err != nil {
 		return err
 	}
 	defer br.Close()
-	if err := declare(ctx, br, tp); err != nil {
-		return err
-	}
 	if cfg.Role == RoleRelay {
 		pool, err := db.pool(ctx, relayConcurrency+2)
 		if err != nil {
@@ -118,6 +115,32 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 		return err
 	}
 	return ignoreCanceled(w.Run(ctx))
+}
+
+// connect opens the broker and declares tp, retrying every half second
+// while the broker cannot be reached (a child started while its broker
+// restarts waits for it, as ferry relay and ferry worker do).
+func connect(ctx context.Context, cfg ChildConfig, tp broker.Topology) (broker.Broker, error) {
+	for attempt := 1; ; attempt++ {
+		br, err := cfg.Open(ctx)
+		if err == nil {
+			if err = br.Declare(ctx, tp); err == nil {
+				return br, nil
+			}
+			_ = br.Close()
+			if errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) {
+				return nil, err
+			}
+		}
+		if attempt == 1 {
+			cfg.Logger.Warn("bench: broker not reachable; retrying", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 func ignoreCanceled(err error) error {
@@ -235,24 +258,60 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	defer pool.Close()
 
 	start := time.Now()
-	var committed atomic.Int64
-	var faults []fault
-	var fmu sync.Mutex
-	record := func(f fault) {
-		fmu.Lock()
-		faults = append(faults, f)
-		fmu.Unlock()
+	var (
+		committed atomic.Int64
+		sent      atomic.Int64
+		smu       sync.Mutex
+		series    []Point
+		lags      []float64 // committed minus handled at each point of series
+	)
+	lagNow := func() int64 { return committed.Load() - sent.Load() }
+
+	// Producers commit at rt until the faults are over and at least n
+	// events were committed.
+	pctx, stopProducing := context.WithCancel(ctx)
+	defer stopProducing()
+	prodErr := make(chan error, 1)
+	go func() {
+		_, err := produceAll(pctx, pool, 1<<30, producers, rt, r.cfg.Size, func(int64) { committed.Add(1) })
+		if pctx.Err() != nil {
+			err = nil
+		}
+		prodErr <- err
+	}()
+
+	// The sampler: handled events every 100 ms.
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			c := committed.Load()
+			if s, err := db.countSent(sctx); err == nil {
+				sent.Store(s)
+				smu.Lock()
+				series = append(series, Point{X: time.Since(start).Seconds(), Y: float64(s)})
+				lags = append(lags, float64(c-s))
+				smu.Unlock()
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+
+	// caughtUp waits until the lag is back to a quarter second of
+	// production, at most 30 s.
+	slack := int64(max(rt/4, 5))
+	caughtUp := func() {
+		_ = waitFor(ctx, 30*time.Second, func() bool { return lagNow() <= slack }, nil)
 	}
-	var injecting sync.WaitGroup
-	inject := func(name string, do func() error) {
-		injecting.Go(func() {
-			f := fault{name: name, at: time.Since(start)}
-			f.err = do()
-			f.ended = time.Since(start)
-			record(f)
-		})
-	}
-	restartKill := func(role string) func() error {
+	restart := func(role string) func() error {
 		return func() error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -265,48 +324,45 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 			return nil
 		}
 	}
-	var q1, q2, q3 sync.Once
-	prodErr := make(chan error, 1)
-	go func() {
-		_, err := produceAll(ctx, pool, n, producers, rt, r.cfg.Size, func(int64) {
-			c := committed.Add(1)
-			switch {
-			case c == int64(n/4):
-				q1.Do(func() {
-					if r.cfg.RestartBroker != nil {
-						inject("broker restart", func() error { return r.cfg.RestartBroker(ctx, t.Name) })
-					}
-				})
-			case c == int64(n/2):
-				q2.Do(func() { inject("relay SIGKILL", restartKill(RoleRelay)) })
-			case c == int64(3*n/4):
-				q3.Do(func() { inject("worker SIGKILL", restartKill(RoleWorker)) })
-			}
-		})
-		prodErr <- err
-	}()
-
+	type step struct {
+		name string
+		do   func() error
+	}
+	steps := []step{{"relay SIGKILL", restart(RoleRelay)}, {"worker SIGKILL", restart(RoleWorker)}}
+	if r.cfg.RestartBroker != nil {
+		steps = append([]step{{"broker restart", func() error { return r.cfg.RestartBroker(ctx, t.Name) }}}, steps...)
+	}
 	b := r.newBar("faults "+t.Name, n)
-	var series []Point
-	var lags []float64 // committed minus handled at each point of series
-	var sent int64
-	err = waitFor(ctx, 3*time.Minute+time.Duration(n/rt)*time.Second, func() bool { return sent >= int64(n) }, func() {
-		if len(series) > 0 && time.Since(start).Seconds()-series[len(series)-1].X < 0.1 {
-			return
-		}
-		c := committed.Load()
-		if s, err := db.countSent(ctx); err == nil {
-			sent = s
-			series = append(series, Point{X: time.Since(start).Seconds(), Y: float64(s)})
-			lags = append(lags, float64(c-s))
-		}
-		b.update(sent)
-	})
-	b.finish(sent)
-	injecting.Wait()
-	if perr := <-prodErr; perr != nil {
+	progress := func() { b.update(sent.Load()) }
+	var faults []fault
+	_ = waitFor(ctx, time.Minute, func() bool { return committed.Load() >= int64(n/4) }, progress)
+	for _, st := range steps {
+		caughtUp()
+		f := fault{name: st.name, at: time.Since(start)}
+		f.err = st.do()
+		f.ended = time.Since(start)
+		faults = append(faults, f)
+		_ = waitFor(ctx, time.Second, func() bool { return false }, progress) // a second of faulty running
+	}
+	_ = waitFor(ctx, 10*time.Minute, func() bool { return committed.Load() >= int64(n) }, progress)
+	stopProducing()
+	perr := <-prodErr
+	// Count the committed events in the database: a commit cut short by
+	// the stop may have happened without its producer knowing.
+	var total int64
+	if qerr := db.admin.QueryRow(ctx, `SELECT count(*) FROM notifications`).Scan(&total); qerr != nil {
+		return nil, qerr
+	}
+	committed.Store(total)
+	b.total = total
+	err = waitFor(ctx, time.Minute, func() bool { return sent.Load() >= total }, progress)
+	stopSampling()
+	<-sampled
+	b.finish(sent.Load())
+	if perr != nil {
 		return nil, perr
 	}
+	n = int(total)
 	elapsed := time.Since(start)
 	out := Result{Messages: n, Seconds: elapsed.Seconds(), Series: series}
 	var dups, twice int64
@@ -316,11 +372,11 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	if qerr := db.admin.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE attempts > 1`).Scan(&twice); qerr != nil {
 		return nil, qerr
 	}
-	lost := int64(n) - sent
+	lost := int64(n) - sent.Load()
 	out.add("lost", float64(lost), "")
 	out.add("duplicates absorbed", float64(dups), "")
 	out.add("effects applied twice", float64(twice), "")
-	note := fmt.Sprintf("%d events at %d/s; ", n, rt)
+	note := fmt.Sprintf("%d events at %d/s, one fault at a time after the lag is back; ", n, rt)
 	if r.cfg.RestartBroker == nil {
 		note += "broker restart not measured (no way to restart this broker); "
 	}
@@ -329,7 +385,7 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 			note += fmt.Sprintf("%s at %.1fs failed: %v; ", f.name, f.at.Seconds(), f.err)
 			continue
 		}
-		rec := recovery(series, lags, f.at.Seconds(), float64(rt)/4)
+		rec := recovery(series, lags, f.at.Seconds(), float64(slack))
 		name := f.name + " recovery"
 		out.add(name, rec, "s")
 		note += fmt.Sprintf("%s at %.1fs (took %.1fs); ", f.name, f.at.Seconds(), (f.ended - f.at).Seconds())
@@ -337,7 +393,7 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	out.Note = note[:len(note)-2]
 	if err != nil {
 		out.Status = statusFailed
-		out.Note = fmt.Sprintf("%v: %d of %d handled; %s", err, sent, n, out.Note)
+		out.Note = fmt.Sprintf("%v: %d of %d handled; %s", err, sent.Load(), n, out.Note)
 	}
 	return []Result{out}, nil
 }

@@ -211,11 +211,15 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	if r.cfg.Spawn == nil {
 		return []Result{{Status: statusUnsupported, Note: "needs the ferry binary to run the relay and the worker as child processes"}}, nil
 	}
-	n := r.cfg.Messages
+	// A steady rate the pipeline keeps up with, so a fault shows as a
+	// lag that grows and shrinks again: --rate, else 200/s. Producers run
+	// until the faults are over and --messages events, at most 20 s of
+	// them, were committed.
 	rt := r.cfg.Rate
 	if rt == 0 {
-		rt = max(n/8, 50) // about 8 s of production
+		rt = 200
 	}
+	n := min(r.cfg.Messages, 20*rt)
 	db, err := newDatabase(ctx, r.cfg.DatabaseURL)
 	if err != nil {
 		return nil, err

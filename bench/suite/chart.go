@@ -17,6 +17,7 @@ var barFigure = map[string]string{
 	ScenarioOrdering: "violations",
 	ScenarioRetry:    "median error",
 	ScenarioReplay:   "replay",
+	ScenarioPeer:     "p99",
 }
 
 // writeCharts draws one chart per scenario with figures to dir, as

@@ -15,9 +15,7 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
-// Scenario names, in the order Run runs them. Peer is recognised but not
-// built yet (see README.md): asking for it gives a result with status
-// "not built".
+// Scenario names, in the order Run runs them.
 const (
 	ScenarioRaw       = "raw"
 	ScenarioPipeline  = "pipeline"
@@ -39,7 +37,7 @@ var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, Scenar
 
 // BuiltScenarios are the scenarios Run measures; the default of
 // Config.Scenarios.
-var BuiltScenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRetry, ScenarioReplay}
+var BuiltScenarios = Scenarios
 
 // ErrConfig is wrapped by the errors of Config.validate: a bad flag.
 var ErrConfig = errors.New("bench: invalid configuration")
@@ -109,6 +107,10 @@ type Config struct {
 	// faults scenario calls it a quarter into the run. Nil: no broker
 	// restart.
 	RestartBroker func(ctx context.Context, broker string) error
+	// PeerDir is the folder of the Watermill peer module (bench/watermill
+	// of a ferry checkout), run with the go command by the peer scenario.
+	// Empty: peer is "not supported".
+	PeerDir string
 	// Database describes the PostgreSQL server in the report (e.g.
 	// "embedded PostgreSQL 18"). Defaults to "PostgreSQL".
 	Database string
@@ -244,6 +246,8 @@ type runner struct {
 	// this run, the denominator of pipeline's ratio.
 	rawPublish map[string]float64
 	servers    map[string]string
+	// results are the results so far (peer quotes ferry's).
+	results []Result
 }
 
 // Run runs the scenarios of cfg on every target, writes results.json,
@@ -290,6 +294,7 @@ func Run(ctx context.Context, c Config) (*Results, error) {
 				return res, err
 			}
 			res.Results = append(res.Results, r.runScenario(ctx, sc, t)...)
+			r.results = res.Results
 		}
 	}
 	res.Seconds = time.Since(start).Seconds()
@@ -327,6 +332,8 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		out, err = r.retry(ctx, t)
 	case ScenarioReplay:
 		out, err = r.replay(ctx, t)
+	case ScenarioPeer:
+		out, err = r.peer(ctx, t)
 	default:
 		out = []Result{{Scenario: sc, Broker: t.Name, Status: statusNotBuilt, Note: "not built yet; see bench/README.md"}}
 	}

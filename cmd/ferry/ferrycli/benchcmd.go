@@ -31,7 +31,12 @@ const (
 	flagOut       = "out"
 	flagRestart   = "restart-broker"
 	flagRole      = "role"
+	flagPeerDir   = "peer-dir"
 )
+
+// defaultPeerDir is --peer-dir's default when the current folder is a
+// ferry checkout.
+const defaultPeerDir = "bench/watermill"
 
 // benchExecutable is the program bench starts as `ferry bench-child` for
 // the faults scenario; benchChildEnv is added to its environment. Tests
@@ -127,6 +132,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: flagOut, Value: "bench-results", EnvVars: env("bench-out"), Usage: "folder for results.json, results.md and the charts (created when missing)"},
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
 			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
+			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
 		}, benchBrokerFlags(), dataDirFlags(), logFlags()),
 		Action: runBench,
 	}
@@ -274,8 +280,14 @@ func runBench(c *cli.Context) error {
 			return nil
 		}
 	}
+	peerDir := c.String(flagPeerDir)
+	if !c.IsSet(flagPeerDir) {
+		if _, err := os.Stat(defaultPeerDir + "/go.mod"); err == nil {
+			peerDir = defaultPeerDir
+		}
+	}
 	res, err := suite.Run(ctx, suite.Config{
-		Spawn: spawn, RestartBroker: restartBroker,
+		Spawn: spawn, RestartBroker: restartBroker, PeerDir: peerDir,
 		Targets: targets, DatabaseURL: dbURL, Database: dbWhere, Scenarios: scenarios,
 		Messages: c.Int(flagMessages), Size: c.Int(flagSize), Rate: c.Int(flagRate), Workers: c.Int(flagWorkers),
 		Out: c.String(flagOut), Command: "ferry " + strings.Join(os.Args[1:], " "), Progress: out, Logger: log,

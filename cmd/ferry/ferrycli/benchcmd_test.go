@@ -23,7 +23,8 @@ import (
 // consumer, attempts before the DLQ, nothing lost) are right; it asserts
 // nothing about speed. The faults scenario restarts each broker through
 // compose/local/services.sh and kills relay and worker, which run as
-// children of this test binary (see TestMain).
+// children of this test binary (see TestMain); the peer scenario runs the
+// Watermill module's benchmarks (bench/watermill) with the go command.
 func TestBenchSmoke(t *testing.T) {
 	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -35,6 +36,7 @@ func TestBenchSmoke(t *testing.T) {
 		"--brokers", strings.Join(brokers, ","), "--messages", "300", "--out", out,
 		"--database-url", testenv.DatabaseURL(), "--rabbitmq-url", testenv.RabbitMQURL(), "--nats-url", testenv.NATSURL(),
 		"--restart-broker", filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh") + " restart {broker}",
+		"--peer-dir", filepath.Join(testenv.RepoRoot(), "bench", "watermill"),
 		"--log-level", "error",
 	}, &stdout, &stderr)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
@@ -88,6 +90,14 @@ func TestBenchSmoke(t *testing.T) {
 					figure(r, "broker restart recovery")
 					figure(r, "relay SIGKILL recovery")
 					figure(r, "worker SIGKILL recovery")
+				case suite.ScenarioPeer:
+					require.Equal(t, "rabbitmq", br, "the Watermill peer runs on RabbitMQ only")
+					if strings.HasSuffix(r.Variant, "end-to-end") {
+						require.Positive(t, figure(r, "throughput"))
+						require.Positive(t, figure(r, "ferry/watermill throughput"))
+					} else {
+						require.Positive(t, figure(r, "p99"))
+					}
 				case suite.ScenarioRetry:
 					require.Equal(t, 3.0, figure(r, "attempts before DLQ"), br)
 					require.Equal(t, 20.0, figure(r, "dead"), br)

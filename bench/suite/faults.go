@@ -351,21 +351,32 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	_ = waitFor(ctx, 10*time.Minute, func() bool { return committed.Load() >= int64(n) }, progress)
 	stopProducing()
 	perr := <-prodErr
-	// Count the committed events in the database: a commit cut short by
-	// the stop may have happened without its producer knowing.
+	// Count the committed events in the database, again on every poll: a
+	// commit cut short by the stop may still land, without its producer
+	// knowing.
 	var total int64
-	if qerr := db.admin.QueryRow(ctx, `SELECT count(*) FROM notifications`).Scan(&total); qerr != nil {
-		return nil, qerr
+	countAll := func() int64 {
+		var c int64
+		if qerr := db.admin.QueryRow(ctx, `SELECT count(*) FROM notifications`).Scan(&c); qerr == nil {
+			total = c
+			committed.Store(c)
+			b.total = c
+		}
+		return total
 	}
-	committed.Store(total)
-	b.total = total
-	err = waitFor(ctx, time.Minute, func() bool { return sent.Load() >= total }, progress)
+	countAll()
+	err = waitFor(ctx, time.Minute, func() bool { return sent.Load() >= countAll() }, progress)
 	stopSampling()
 	<-sampled
 	b.finish(sent.Load())
 	if perr != nil {
 		return nil, perr
 	}
+	var final int64
+	if qerr := db.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM notifications`).Scan(&final, &total); qerr != nil {
+		return nil, qerr
+	}
+	sent.Store(final)
 	n = int(total)
 	elapsed := time.Since(start)
 	out := Result{Messages: n, Seconds: elapsed.Seconds(), Series: series}

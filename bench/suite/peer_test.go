@@ -5,9 +5,9 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ferrymq/ferry/broker"
-
 	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
 )
 
 func TestParseBench(t *testing.T) {

@@ -268,11 +268,8 @@ func runBench(c *cli.Context) error {
 		}
 	}
 	var restartBroker func(ctx context.Context, name string) error
-	if restart != "" && restart != "none" {
+	if restart != "" && restart != "none" && !embeddedNATS {
 		restartBroker = func(ctx context.Context, name string) error {
-			if name == "nats" && embeddedNATS {
-				return errors.New("the embedded NATS server cannot be restarted")
-			}
 			out, err := exec.CommandContext(ctx, "sh", "-c", strings.ReplaceAll(restart, "{broker}", name)).CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("%s: %w: %s", restart, err, strings.TrimSpace(string(out)))

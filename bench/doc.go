@@ -7,6 +7,8 @@
 //
 //	go test -run '^$' -bench . -benchtime 1x ./bench/
 //
-// See README.md for what each figure means and the settings used.
+// See README.md for what each figure means and the settings used. The
+// user-facing comparison, `ferry bench`, lives in the sub-package suite;
+// the raw publishers in the relay's shape are shared from there.
 // Benchmarks print figures; they never assert on timings.
 package bench

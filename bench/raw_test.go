@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -58,85 +58,17 @@ func rawParallel(b *testing.B, kind string, tp broker.Topology, n, publishers, b
 }
 
 // rawRabbitMQ is the RabbitMQ baseline: amqp091-go on one connection with
-// the given number of confirm-mode channels publishing at the same time
-// (each from its own goroutine, as the relay's claim loops publish
-// concurrently through the adapter's channel pool), persistent and
-// mandatory, batches pipelined per channel (all published, then all
-// confirms awaited), the same headers as the adapter sends for an outbox
-// row.
+// the given number of confirm-mode channels publishing at the same time,
+// persistent and mandatory, batches pipelined per channel (all published,
+// then all confirms awaited), the same headers as the adapter sends for an
+// outbox row. The publishing is suite.RabbitMQPublish, shared with ferry
+// bench's raw scenario.
 func rawRabbitMQ(b *testing.B, exchange string, n, channels, batch int) float64 {
-	ctx := benchCtx(b)
 	conn, err := amqp.Dial(testenv.RabbitMQURL())
 	must(b, err)
 	defer conn.Close()
-	type pub struct {
-		ch      *amqp.Channel
-		returns chan amqp.Return
-	}
-	pubs := make([]pub, channels)
-	for i := range pubs {
-		ch, err := conn.Channel()
-		must(b, err)
-		must(b, ch.Confirm(false))
-		pubs[i] = pub{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}
-	}
-	body := eventBody(1)
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		failed  atomic.Bool
-		failure string
-	)
-	fail := func(format string, args ...any) {
-		errOnce.Do(func() { failure = fmt.Sprintf(format, args...) })
-		failed.Store(true)
-	}
-	start := time.Now()
-	for _, p := range pubs {
-		wg.Go(func() {
-			dcs := make([]*amqp.DeferredConfirmation, 0, batch)
-			for {
-				first := int(next.Add(int64(batch))) - batch
-				if first >= n || failed.Load() {
-					return
-				}
-				dcs = dcs[:0]
-				for id := first + 1; id <= min(first+batch, n); id++ {
-					dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, eventType, true, false, amqp.Publishing{
-						DeliveryMode: amqp.Persistent, MessageId: strconv.Itoa(id), Type: eventType, Body: body,
-						Headers: amqp.Table{
-							"x-ferry-key":            "user-" + strconv.Itoa(id%100),
-							broker.HeaderTraceparent: traceparent,
-							broker.HeaderCreatedAt:   broker.FormatTime(time.Now()),
-						},
-					})
-					if err != nil {
-						fail("bench: raw rabbitmq publish: %v", err)
-						return
-					}
-					dcs = append(dcs, dc)
-				}
-				for _, dc := range dcs {
-					if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-						fail("bench: raw rabbitmq publish not confirmed: ack=%v err=%v", ok, err)
-						return
-					}
-				}
-				select {
-				case r := <-p.returns:
-					fail("bench: raw rabbitmq publish returned: %s", r.ReplyText)
-					return
-				default:
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if failed.Load() {
-		b.Fatal(failure)
-	}
+	elapsed, err := suite.RabbitMQPublish(benchCtx(b), conn, exchange, n, channels, batch, eventBody(1))
+	must(b, err)
 	return float64(n) / elapsed.Seconds()
 }
 
@@ -209,59 +141,13 @@ func rawNATSStream(b *testing.B, exchange string, n int) float64 {
 // goroutines sharing one connection and JetStream context (as the relay's
 // claim loops share the adapter's), each taking the next batch of batch
 // messages, publishing them all with PublishMsgAsync and then awaiting
-// every one's PubAck (its PubAckFuture) before taking the next batch.
+// every one's PubAck before taking the next batch: suite.NATSPublish,
+// shared with ferry bench's raw scenario.
 func rawNATSBatches(b *testing.B, exchange string, n, publishers, batch int) float64 {
-	ctx := benchCtx(b)
 	r := newNATSRaw(b, exchange)
 	defer r.nc.Close()
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		failed  atomic.Bool
-		failure string
-	)
-	fail := func(format string, args ...any) {
-		errOnce.Do(func() { failure = fmt.Sprintf(format, args...) })
-		failed.Store(true)
-	}
-	start := time.Now()
-	for range publishers {
-		wg.Go(func() {
-			futures := make([]jetstream.PubAckFuture, 0, batch)
-			for {
-				first := int(next.Add(int64(batch))) - batch
-				if first >= n || failed.Load() {
-					return
-				}
-				futures = futures[:0]
-				for id := first + 1; id <= min(first+batch, n); id++ {
-					f, err := r.publish(id)
-					if err != nil {
-						fail("bench: raw nats publish: %v", err)
-						return
-					}
-					futures = append(futures, f)
-				}
-				for _, f := range futures {
-					select {
-					case <-f.Ok():
-					case err := <-f.Err():
-						fail("bench: raw nats publish not acknowledged: %v", err)
-						return
-					case <-ctx.Done():
-						fail("bench: raw nats: PubAck not received: %v", ctx.Err())
-						return
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if failed.Load() {
-		b.Fatal(failure)
-	}
+	elapsed, err := suite.NATSPublish(benchCtx(b), r.js, r.subject, n, publishers, batch, r.body)
+	must(b, err)
 	if f := r.failed.Load(); f > 0 {
 		b.Fatalf("bench: raw nats: %d publishes failed", f)
 	}

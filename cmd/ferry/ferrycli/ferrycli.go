@@ -4,11 +4,13 @@
 // tested in-process with any arguments.
 //
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
-// process), demo, dlq list|replay|purge and outbox stats. Every flag can
-// also be set by an environment variable FERRY_<FLAG_NAME> (for example
-// --database-url and FERRY_DATABASE_URL).
+// process), demo, dlq list|replay|purge, outbox stats and bench (the
+// broker comparison of package bench/suite). Every flag can also be set by
+// an environment variable FERRY_<FLAG_NAME> (for example --database-url
+// and FERRY_DATABASE_URL).
 //
-// demo and run start embedded servers for what the flags leave out:
+// demo, run and bench start embedded servers for what the flags leave out
+// (bench: PostgreSQL, and NATS when --brokers is not given):
 // PostgreSQL (github.com/fergusstrange/embedded-postgres, binaries
 // downloaded once into ~/.embedded-postgres-go) without --database-url,
 // NATS JetStream without --broker and --nats-url, and an in-process SMTP
@@ -115,6 +117,8 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			demoCommand(),
 			dlqCommand(),
 			outboxCommand(),
+			benchCommand(),
+			benchChildCommand(),
 		},
 	}
 	quietUsageErrors(a.Commands)

@@ -1,0 +1,29 @@
+// Package suite is the engine of `ferry bench`: the same application and
+// workload on every broker, against the real servers, reported as
+// results.json, a Markdown table (results.md) and one chart per scenario
+// (SVG and PNG, drawn with gonum.org/v1/plot).
+//
+// The brokers come from the caller (Config.Targets, built by the ferry
+// command from ferrycli.Brokers), so a broker added to the command is
+// benchmarked without a change here; this package imports no adapter. The
+// raw baselines use each broker's own client (amqp091-go, nats.go
+// jetstream) on a topic of their own; a broker without a raw client gets
+// "not supported" for raw and replay.
+//
+// Scenarios (see bench/README.md): raw, pipeline, end-to-end, latency,
+// faults, ordering, retry and replay are measured; peer (the Watermill
+// module) is not built yet and is reported as "not built". The faults
+// scenario runs the relay and the worker as child processes
+// (Config.Spawn, `ferry bench-child`, see RunChild) so it can kill them
+// with SIGKILL, and restarts the broker through Config.RestartBroker.
+//
+// At the end Run records what each adapter declares (broker.Capabilities)
+// and each server's processes and resident memory, read from /proc.
+//
+// Elsewhere the relay and the worker run inside the calling process, each with its
+// own database pool and broker connection; every scenario run gets a fresh
+// database (created on Config.DatabaseURL's server and dropped after it)
+// and uniquely named exchanges and queues. Figures are reported, never
+// asserted: a scenario that fails on a broker is a result with status
+// "failed" and its error.
+package suite

@@ -1,0 +1,387 @@
+package suite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Scenario names, in the order Run runs them.
+const (
+	ScenarioRaw       = "raw"
+	ScenarioPipeline  = "pipeline"
+	ScenarioEndToEnd  = "end-to-end"
+	ScenarioLatency   = "latency"
+	ScenarioFaults    = "faults"
+	ScenarioOrdering  = "ordering"
+	ScenarioRetry     = "retry"
+	ScenarioReplay    = "replay"
+	ScenarioPeer      = "peer"
+	statusOK          = "ok"
+	statusUnsupported = "not supported"
+	statusFailed      = "failed"
+	statusNotBuilt    = "not built"
+)
+
+// Scenarios lists every scenario name in run order.
+var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRetry, ScenarioReplay, ScenarioPeer}
+
+// BuiltScenarios are the scenarios Run measures; the default of
+// Config.Scenarios.
+var BuiltScenarios = Scenarios
+
+// ErrConfig is wrapped by the errors of Config.validate: a bad flag.
+var ErrConfig = errors.New("bench: invalid configuration")
+
+// Target is one broker to benchmark.
+type Target struct {
+	// Name is the broker's name in ferry's CLI (ferrycli.Brokers), e.g.
+	// "rabbitmq"; it selects the raw baseline's client. Required.
+	Name string
+	// Open connects a new adapter; each role (relay, worker) opens its own,
+	// as separate processes would. Required.
+	Open func(ctx context.Context) (broker.Broker, error)
+	// URL is the server's URL (amqp://, nats://): the raw client connects
+	// to it and its port finds the server's process for the CPU figures.
+	// Empty: no raw baseline and no broker CPU.
+	URL string
+	// Cleanup, when set, removes from the server what a scenario run
+	// declared with tp (exchange, queues, retry levels, DLQ, streams),
+	// after the run. Nil leaves them; their names are unique per run.
+	Cleanup func(ctx context.Context, tp broker.Topology) error
+	// Where describes the server in the report, e.g. "embedded NATS
+	// JetStream in the ferry process". Defaults to URL.
+	Where string
+}
+
+// Config configures Run. Zero values mean the documented defaults; the
+// fields map one to one onto ferry bench's flags.
+type Config struct {
+	// Targets are the brokers, each measured by every scenario. Required.
+	Targets []Target
+	// DatabaseURL is a PostgreSQL URL whose user may create databases:
+	// every scenario run gets a fresh database, dropped afterwards.
+	// Required.
+	DatabaseURL string
+	// Scenarios to run, a subset of Scenarios, run in Scenarios' order.
+	// Defaults to BuiltScenarios.
+	Scenarios []string
+	// Messages per scenario run (--messages). Defaults to 20,000.
+	Messages int
+	// Size is the event body in bytes (--size). Defaults to DefaultSize
+	// (160 bytes, a message of about 300 bytes).
+	Size int
+	// Rate is the producers' rate in events/s in end-to-end and latency
+	// (--rate); 0 means as fast as they go in end-to-end, and 200/s then
+	// 1,000/s in latency.
+	Rate int
+	// Workers is the worker's Concurrency (--workers). Defaults to 20.
+	Workers int
+	// Out is the folder results.json, results.md and the charts are
+	// written to (--out); created when missing. Required.
+	Out string
+	// Command is the command line, recorded in the results.
+	Command string
+	// Progress receives the progress lines; nil discards them.
+	Progress io.Writer
+	// Logger receives the relay's and worker's logs; defaults to warnings
+	// and errors on stderr.
+	Logger *slog.Logger
+	// Spawn returns the command that runs `ferry bench-child` with args
+	// (--role, --database-url, --broker, --exchange, --workers) plus the
+	// flags that reach the broker: the faults scenario runs the relay and
+	// the worker as such child processes, to kill them with SIGKILL. Nil:
+	// faults is "not supported".
+	Spawn func(ctx context.Context, args []string) *exec.Cmd
+	// RestartBroker stops the named broker's server and starts it again
+	// (same port, same data), returning once it accepts connections; the
+	// faults scenario calls it a quarter into the run. Nil: no broker
+	// restart.
+	RestartBroker func(ctx context.Context, broker string) error
+	// PeerDir is the folder of the Watermill peer module (bench/watermill
+	// of a ferry checkout), run with the go command by the peer scenario.
+	// Empty: peer is "not supported".
+	PeerDir string
+	// Database describes the PostgreSQL server in the report (e.g.
+	// "embedded PostgreSQL 18"). Defaults to "PostgreSQL".
+	Database string
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	cfg := *c
+	bad := func(format string, args ...any) (Config, error) {
+		return cfg, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+	}
+	if len(cfg.Targets) == 0 {
+		return bad("no broker to benchmark")
+	}
+	for _, t := range cfg.Targets {
+		if t.Name == "" || t.Open == nil {
+			return bad("Target %q: Name and Open are required", t.Name)
+		}
+	}
+	if cfg.DatabaseURL == "" {
+		return bad("DatabaseURL: required")
+	}
+	if cfg.Out == "" {
+		return bad("Out: required (the folder for results.json, results.md and the charts)")
+	}
+	if len(cfg.Scenarios) == 0 {
+		cfg.Scenarios = BuiltScenarios
+	}
+	for _, s := range cfg.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			return bad("scenario %q: want some of %s", s, strings.Join(Scenarios, ","))
+		}
+	}
+	switch {
+	case cfg.Messages < 0:
+		return bad("messages %d: must be positive", cfg.Messages)
+	case cfg.Size < 0:
+		return bad("size %d: must be positive", cfg.Size)
+	case cfg.Rate < 0:
+		return bad("rate %d: must not be negative (0: flat out)", cfg.Rate)
+	case cfg.Workers < 0:
+		return bad("workers %d: must be positive", cfg.Workers)
+	}
+	if cfg.Messages == 0 {
+		cfg.Messages = 20000
+	}
+	if cfg.Size == 0 {
+		cfg.Size = DefaultSize
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 20
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if cfg.Database == "" {
+		cfg.Database = "PostgreSQL"
+	}
+	return cfg, nil
+}
+
+// Figure is one measured value.
+type Figure struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit,omitempty"`
+}
+
+// Point is one point of a series (lag over time: seconds and rows;
+// latency CDF: milliseconds and fraction).
+type Point struct {
+	X float64 `json:"x"`
+	Y float64 `json:"y"`
+}
+
+// Result is one scenario on one broker (and variant, such as a rate).
+type Result struct {
+	Scenario string `json:"scenario"`
+	Broker   string `json:"broker"`
+	// Variant distinguishes several runs of a scenario on one broker, e.g.
+	// "200/s" or "4 workers, ordered".
+	Variant string `json:"variant,omitempty"`
+	// Status is "ok", "not supported" (the broker lacks the capability),
+	// "not built" or "failed".
+	Status   string        `json:"status"`
+	Note     string        `json:"note,omitempty"`
+	Messages int           `json:"messages"`
+	Seconds  float64       `json:"seconds"`
+	Figures  []Figure      `json:"figures,omitempty"`
+	Latency  *LatencyStats `json:"latency,omitempty"`
+	// Series is the scenario's curve: the outbox lag over time
+	// (pipeline), the latency CDF (latency).
+	Series []Point `json:"series,omitempty"`
+}
+
+// figure returns the value of the named figure and whether it is there.
+func (r Result) figure(name string) (float64, bool) {
+	for _, f := range r.Figures {
+		if f.Name == name {
+			return f.Value, true
+		}
+	}
+	return 0, false
+}
+
+func (r *Result) add(name string, v float64, unit string) {
+	r.Figures = append(r.Figures, Figure{Name: name, Value: v, Unit: unit})
+}
+
+// Results is what Run measured, written to results.json.
+type Results struct {
+	Started  time.Time         `json:"started"`
+	Seconds  float64           `json:"seconds"`
+	Command  string            `json:"command,omitempty"`
+	Host     Host              `json:"host"`
+	Servers  map[string]string `json:"servers"`
+	Clients  map[string]string `json:"clients"`
+	Settings map[string]any    `json:"settings"`
+	Results  []Result          `json:"results"`
+	// Capabilities are what each broker's adapter declares.
+	Capabilities map[string]Capabilities `json:"capabilities,omitempty"`
+	// Operations are each server's processes and memory at the end.
+	Operations []Operations `json:"operations,omitempty"`
+}
+
+// runner is one Run in progress.
+type runner struct {
+	cfg Config
+	log *slog.Logger
+	// rawPublish is each broker's raw publish rate (msgs/s) measured in
+	// this run, the denominator of pipeline's ratio.
+	rawPublish map[string]float64
+	servers    map[string]string
+	// results are the results so far (peer quotes ferry's).
+	results []Result
+}
+
+// Run runs the scenarios of cfg on every target, writes results.json,
+// results.md and one chart per scenario (SVG and PNG) to cfg.Out and
+// returns the results. A scenario that fails on a broker is recorded
+// with status "failed" and its error, and the run goes on; Run returns an
+// error only for a bad Config, an unreachable database, ctx's end or
+// files it could not write.
+func Run(ctx context.Context, c Config) (*Results, error) {
+	cfg, err := c.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: --out %s: %w", cfg.Out, err)
+	}
+	r := &runner{cfg: cfg, log: cfg.Logger, rawPublish: map[string]float64{}, servers: map[string]string{}}
+	res := &Results{
+		Started: time.Now().UTC(), Command: cfg.Command, Host: readHost(), Servers: r.servers, Clients: clientVersions(),
+		Settings: map[string]any{
+			"messages": cfg.Messages, "body_bytes": cfg.Size, "rate": cfg.Rate, "workers": cfg.Workers,
+			"relay_batch": relayBatch, "relay_concurrency": relayConcurrency, "producers": producers,
+		},
+	}
+	if v, err := postgresVersion(ctx, cfg.DatabaseURL); err != nil {
+		return nil, err
+	} else {
+		r.servers["postgres"] = v + " (" + cfg.Database + ")"
+	}
+	for _, t := range cfg.Targets {
+		where := t.Where
+		if where == "" {
+			where = t.URL
+		}
+		r.servers[t.Name] = where
+	}
+	start := time.Now()
+	for _, sc := range Scenarios {
+		if !slices.Contains(cfg.Scenarios, sc) {
+			continue
+		}
+		for _, t := range cfg.Targets {
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			res.Results = append(res.Results, r.runScenario(ctx, sc, t)...)
+			r.results = res.Results
+		}
+	}
+	res.Seconds = time.Since(start).Seconds()
+	r.collectOps(ctx, res)
+	if err := write(cfg.Out, res); err != nil {
+		return res, err
+	}
+	return res, ctx.Err()
+}
+
+// runScenario runs one scenario on one broker and records a failure as a
+// result.
+func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result {
+	label := sc + " " + t.Name
+	fmt.Fprintf(r.cfg.Progress, "ferry bench: %s…\n", label)
+	start := time.Now()
+	var (
+		out []Result
+		err error
+	)
+	switch sc {
+	case ScenarioRaw:
+		out, err = r.raw(ctx, t)
+	case ScenarioPipeline:
+		out, err = r.pipeline(ctx, t)
+	case ScenarioEndToEnd:
+		out, err = r.endToEnd(ctx, t)
+	case ScenarioLatency:
+		out, err = r.latency(ctx, t)
+	case ScenarioFaults:
+		out, err = r.faults(ctx, t)
+	case ScenarioOrdering:
+		out, err = r.ordering(ctx, t)
+	case ScenarioRetry:
+		out, err = r.retry(ctx, t)
+	case ScenarioReplay:
+		out, err = r.replay(ctx, t)
+	case ScenarioPeer:
+		out, err = r.peer(ctx, t)
+	default:
+		out = []Result{{Scenario: sc, Broker: t.Name, Status: statusNotBuilt, Note: "not built yet; see bench/README.md"}}
+	}
+	if err != nil {
+		out = append(out, Result{Scenario: sc, Broker: t.Name, Status: statusFailed, Note: err.Error()})
+		fmt.Fprintf(r.cfg.Progress, "ferry bench: %s failed: %v\n", label, err)
+	}
+	for i := range out {
+		out[i].Scenario, out[i].Broker = sc, t.Name
+		if out[i].Status == "" {
+			out[i].Status = statusOK
+		}
+		if out[i].Seconds == 0 && len(out) == 1 {
+			out[i].Seconds = time.Since(start).Seconds()
+		}
+		fmt.Fprintf(r.cfg.Progress, "ferry bench: %s\n", summaryLine(out[i]))
+	}
+	return out
+}
+
+// summaryLine is one result in one line, for the progress output.
+func summaryLine(r Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.Scenario, r.Broker)
+	if r.Variant != "" {
+		fmt.Fprintf(&b, " (%s)", r.Variant)
+	}
+	fmt.Fprintf(&b, ": %s", r.Status)
+	for _, f := range r.Figures {
+		fmt.Fprintf(&b, "; %s %s", f.Name, formatValue(f.Value))
+		if f.Unit != "" {
+			fmt.Fprintf(&b, " %s", f.Unit)
+		}
+	}
+	if r.Note != "" {
+		fmt.Fprintf(&b, " — %s", r.Note)
+	}
+	return b.String()
+}
+
+// cleanup runs t.Cleanup on tp, logging a failure.
+func (r *runner) cleanup(t Target, tp broker.Topology) {
+	if t.Cleanup == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := t.Cleanup(ctx, tp); err != nil {
+		r.log.Warn("bench: remove the run's queues", "broker", t.Name, "error", err)
+	}
+}

@@ -1,0 +1,314 @@
+package suite
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// EventType is the routing key of every benchmark event: the sample app's
+// notification.requested.
+const EventType = app.EventNotificationRequested
+
+// DefaultSize is the default event body in bytes: with the ID, type, key
+// and headers (traceparent, created-at) a message is about 300 bytes, the
+// sample app's notification.requested.
+const DefaultSize = 160
+
+// traceparent is carried by every event, as the sample app's API does.
+const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// makeBody returns the JSON body of the event of notification id, padded
+// with x to size bytes (never shorter than the JSON without padding).
+func makeBody(id int64, size int) []byte {
+	head := fmt.Sprintf(`{"notification_id":"%d","user_id":"user-%d","channel":"email","subject":"Your weekly summary","pad":"`, id, id%100)
+	pad := max(size-len(head)-2, 0)
+	return []byte(head + strings.Repeat("x", pad) + `"}`)
+}
+
+// bodyID reads notification_id from an event body.
+func bodyID(body []byte) (int64, error) {
+	var ev struct {
+		NotificationID string `json:"notification_id"`
+	}
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return 0, fmt.Errorf("bench: event body: %w", err)
+	}
+	id, err := strconv.ParseInt(ev.NotificationID, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("bench: notification_id %q: %w", ev.NotificationID, err)
+	}
+	return id, nil
+}
+
+// uniqueName returns prefix followed by a random hex suffix: names of
+// databases, exchanges and queues no earlier run used.
+func uniqueName(prefix string) string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// database is a fresh, migrated database (outbox, processed_messages and
+// the app's notifications table) created for one scenario run and dropped
+// after it.
+type database struct {
+	admin *pgxpool.Pool // a small pool on the database itself
+	url   string
+	drop  func()
+}
+
+// newDatabase creates database name on the server of serverURL, migrates
+// it and returns it. close drops it.
+func newDatabase(ctx context.Context, serverURL string) (*database, error) {
+	name := uniqueName("ferry_bench")
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("bench: create database %s: %w", name, err)
+	}
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: database URL: %w", err)
+	}
+	u.Path = "/" + name
+	db := &database{url: u.String()}
+	db.drop = func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(dctx, serverURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(dctx)
+		_, _ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	}
+	if db.admin, err = db.pool(ctx, 2); err != nil {
+		db.drop()
+		return nil, err
+	}
+	if err := outbox.Migrate(ctx, db.admin); err != nil {
+		db.close()
+		return nil, err
+	}
+	if err := app.Migrate(ctx, db.admin); err != nil {
+		db.close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// pool opens a pool of maxConns connections on the database, all opened
+// at once so the measurement does not include connection set-up.
+func (d *database) pool(ctx context.Context, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(d.url)
+	if err != nil {
+		return nil, fmt.Errorf("bench: database URL: %w", err)
+	}
+	cfg.MaxConns, cfg.MinConns = int32(maxConns), int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("bench: open pool: %w", err)
+	}
+	conns := make([]*pgxpool.Conn, 0, maxConns)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range maxConns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("bench: open pool: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	return pool, nil
+}
+
+func (d *database) close() {
+	if d.admin != nil {
+		d.admin.Close()
+	}
+	d.drop()
+}
+
+// countSent returns how many business rows are marked sent.
+func (d *database) countSent(ctx context.Context) (int64, error) {
+	var n int64
+	err := d.admin.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE status = 'sent'`).Scan(&n)
+	return n, err
+}
+
+// unpublished returns the outbox rows not yet published: the outbox lag.
+func (d *database) unpublished(ctx context.Context) (int64, error) {
+	var n int64
+	err := d.admin.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&n)
+	return n, err
+}
+
+// produce commits one business row (a pending notification) and its
+// outbox event in one transaction, as the sample app's API does, and
+// returns the outbox row's id (the message ID).
+func produce(ctx context.Context, pool *pgxpool.Pool, size int) (int64, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var id int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
+		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
+		RETURNING id`, "user-bench").Scan(&id); err != nil {
+		return 0, fmt.Errorf("bench: insert notification: %w", err)
+	}
+	ev := outbox.Event{Type: EventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: makeBody(id, size),
+		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
+	ids, err := outbox.Enqueue(ctx, tx, ev)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("bench: commit: %w", err)
+	}
+	return ids[0], nil
+}
+
+// produceAll commits n events from producers goroutines, one event per
+// transaction, at rate events/s in all (0: as fast as they can). onCommit,
+// when set, gets each event's outbox id just after its commit returned.
+// It returns the time from the start to the last commit and the first
+// error.
+func produceAll(ctx context.Context, pool *pgxpool.Pool, n, producers, rate, size int, onCommit func(id int64)) (time.Duration, error) {
+	jobs := make(chan struct{}, min(n, 1<<16))
+	go func() {
+		defer close(jobs)
+		if rate <= 0 {
+			for range n {
+				select {
+				case jobs <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			}
+			return
+		}
+		t := time.NewTicker(time.Second / time.Duration(rate))
+		defer t.Stop()
+		for range n {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				jobs <- struct{}{}
+			}
+		}
+	}()
+	var (
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+	)
+	start := time.Now()
+	for range producers {
+		wg.Go(func() {
+			for range jobs {
+				id, err := produce(ctx, pool, size)
+				if err != nil {
+					errOnce.Do(func() { first = err })
+					continue
+				}
+				if onCommit != nil {
+					onCommit(id)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return time.Since(start), first
+}
+
+// fillBusiness inserts n pending business rows (ids 1..n on a fresh
+// database) and their unpublished outbox events in id order, as produce
+// would have committed them, and vacuums both tables: a backlog for the
+// relay to drain.
+func fillBusiness(ctx context.Context, db *database, n, size int) error {
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = makeBody(int64(i+1), size)
+	}
+	if _, err := db.admin.Exec(ctx, `
+		INSERT INTO notifications (id, user_id, channel, to_addr, subject, body)
+		SELECT g, 'user-bench', 'email', 'someone@example.com', 'Your weekly summary', 'Hello!'
+		FROM generate_series(1, $1) g`, n); err != nil {
+		return fmt.Errorf("bench: fill notifications: %w", err)
+	}
+	if _, err := db.admin.Exec(ctx, `SELECT setval(pg_get_serial_sequence('notifications', 'id'), $1)`, n); err != nil {
+		return fmt.Errorf("bench: fill notifications: %w", err)
+	}
+	if _, err := db.admin.Exec(ctx, `
+		INSERT INTO outbox (event_type, partition_key, payload, headers)
+		SELECT $1, 'user-' || (ord % 100), body, jsonb_build_object('traceparent', $3::text)
+		FROM unnest($2::bytea[]) WITH ORDINALITY AS e(body, ord)
+		ORDER BY ord`, EventType, bodies, traceparent); err != nil {
+		return fmt.Errorf("bench: fill outbox: %w", err)
+	}
+	if _, err := db.admin.Exec(ctx, `VACUUM ANALYZE outbox, notifications`); err != nil {
+		return fmt.Errorf("bench: vacuum: %w", err)
+	}
+	return nil
+}
+
+// dbHandler is the benchmark's worker.Handler: only database work, the
+// worker's dedup insert plus one status update of the business row, no
+// SMTP, so the figures measure ferry and not a mail server. onHandled,
+// when set, is called with the message first.
+func dbHandler(onHandled func(msg *broker.Message)) worker.Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+		id, err := bodyID(msg.Body)
+		if err != nil {
+			return worker.Permanent(err)
+		}
+		if onHandled != nil {
+			onHandled(msg)
+		}
+		_, err = tx.Exec(ctx, `
+			UPDATE notifications
+			SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
+			WHERE id = $1`, id)
+		return err
+	}
+}
+
+// counters are a running pipeline's outcomes.
+type counters struct {
+	published atomic.Int64 // rows the relay published
+	acked     atomic.Int64 // deliveries handled and acked
+	dups      atomic.Int64 // deliveries dropped as duplicates
+	retried   atomic.Int64 // deliveries retried
+	dead      atomic.Int64 // deliveries dead-lettered
+}

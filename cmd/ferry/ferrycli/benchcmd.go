@@ -1,0 +1,375 @@
+package ferrycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferrymq/ferry/bench/suite"
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/nats"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
+)
+
+const (
+	flagBrokers   = "brokers"
+	flagScenarios = "scenarios"
+	flagMessages  = "messages"
+	flagSize      = "size"
+	flagRate      = "rate"
+	flagWorkers   = "workers"
+	flagOut       = "out"
+	flagRestart   = "restart-broker"
+	flagRole      = "role"
+	flagPeerDir   = "peer-dir"
+)
+
+// defaultPeerDir is --peer-dir's default when the current folder is a
+// ferry checkout.
+const defaultPeerDir = "bench/watermill"
+
+// benchExecutable is the program bench starts as `ferry bench-child` for
+// the faults scenario; benchChildEnv is added to its environment. Tests
+// point them at the test binary (see TestMain).
+var (
+	benchExecutable = os.Executable
+	benchChildEnv   []string
+)
+
+// defaultRestart is --restart-broker's default when the current folder
+// is a ferry checkout with its services script.
+const defaultRestart = "compose/local/services.sh restart {broker}"
+
+// benchChildCommand is the hidden command the faults scenario runs as a
+// child process: a relay or a worker it can kill with SIGKILL.
+func benchChildCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "bench-child",
+		Hidden: true,
+		Usage:  "run a relay or worker of ferry bench's faults scenario (started by ferry bench)",
+		Flags: concat(benchBrokerFlags(), []cli.Flag{
+			&cli.StringFlag{Name: flagRole, Required: true, Usage: "relay or worker"},
+			&cli.StringFlag{Name: flagDatabaseURL, Required: true, Usage: "the scenario's database"},
+			&cli.StringFlag{Name: flagBroker, Required: true, Usage: "broker name"},
+			&cli.StringFlag{Name: flagExchange, Required: true, Usage: "the scenario's exchange"},
+			&cli.IntFlag{Name: flagWorkers, Value: 20, Usage: "worker concurrency"},
+		}, logFlags()),
+		Action: func(c *cli.Context) error {
+			log, err := newLogger(c, "warn")
+			if err != nil {
+				return err
+			}
+			f, err := lookupBroker(c.String(flagBroker))
+			if err != nil {
+				return err
+			}
+			opts := benchBrokerOptions(c, log)
+			return suite.RunChild(c.Context, suite.ChildConfig{
+				Role: c.String(flagRole), DatabaseURL: c.String(flagDatabaseURL), Exchange: c.String(flagExchange),
+				Workers: c.Int(flagWorkers), Logger: log,
+				Open: func(ctx context.Context) (broker.Broker, error) { return f(ctx, opts) },
+			})
+		},
+	}
+}
+
+// benchBrokerFlags are the flags that reach the brokers.
+func benchBrokerFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL"},
+		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (with --brokers)"},
+		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port"},
+		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL"},
+		&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Usage: "AWS region (sqs)"},
+	}
+}
+
+func benchBrokerOptions(c *cli.Context, log *slog.Logger) BrokerOptions {
+	return BrokerOptions{
+		RabbitMQURL:  c.String(flagRabbitMQURL),
+		NATSURL:      c.String(flagNATSURL),
+		KafkaBrokers: splitList(c.String(flagKafkaBrokers)),
+		SQSEndpoint:  c.String(flagSQSEndpoint),
+		AWSRegion:    c.String(flagAWSRegion),
+		Logger:       log,
+	}
+}
+
+// brokerArgs are the flags that give a child process the same brokers.
+func (o BrokerOptions) brokerArgs() []string {
+	return []string{
+		"--" + flagRabbitMQURL, o.RabbitMQURL, "--" + flagNATSURL, o.NATSURL,
+		"--" + flagKafkaBrokers, strings.Join(o.KafkaBrokers, ","), "--" + flagSQSEndpoint, o.SQSEndpoint,
+		"--" + flagAWSRegion, o.AWSRegion,
+	}
+}
+
+func benchCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "bench",
+		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, ordering, retry, replay; writes results.json, results.md and charts",
+		Description: "Without --brokers, bench starts embedded PostgreSQL and NATS JetStream in its own process, so it\n" +
+			"runs on a machine with nothing installed. With --brokers it uses the servers of --database-url\n" +
+			"(embedded PostgreSQL when not given) and of each broker's URL flag. Every scenario runs on every\n" +
+			"broker, each on a fresh database and fresh queues; figures are printed and written to --out.",
+		Flags: concat([]cli.Flag{
+			&cli.StringFlag{Name: flagBrokers, EnvVars: env("bench-brokers"), Usage: "comma list of brokers (" + strings.Join(append(BrokerNames(), plannedBrokers...), ", ") + ") or all; default: embedded NATS"},
+			&cli.StringFlag{Name: flagScenarios, Value: strings.Join(suite.BuiltScenarios, ","), EnvVars: env("bench-scenarios"), Usage: "comma list of scenarios (" + strings.Join(suite.Scenarios, ", ") + ") or all"},
+			&cli.IntFlag{Name: flagMessages, Value: 20000, EnvVars: env("bench-messages"), Usage: "messages per scenario run (latency: at most 10 s at each rate; ordering at most 5,000; retry at most 200)"},
+			&cli.IntFlag{Name: flagSize, Value: suite.DefaultSize, EnvVars: env("bench-size"), Usage: "event body in bytes"},
+			&cli.IntFlag{Name: flagRate, EnvVars: env("bench-rate"), Usage: "producers' events/s in end-to-end and latency; 0: end-to-end flat out, latency at 200/s and 1000/s"},
+			&cli.IntFlag{Name: flagWorkers, Value: 20, EnvVars: env("bench-workers"), Usage: "worker concurrency (messages handled at once)"},
+			&cli.StringFlag{Name: flagOut, Value: "bench-results", EnvVars: env("bench-out"), Usage: "folder for results.json, results.md and the charts (created when missing)"},
+			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
+			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
+			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
+		}, benchBrokerFlags(), dataDirFlags(), logFlags()),
+		Action: runBench,
+	}
+}
+
+// parseChoice splits a comma list of names, all of which must be in
+// choices; "all" means all of them.
+func parseChoice(flag, s string, choices []string) ([]string, error) {
+	items := splitList(s)
+	if len(items) == 1 && items[0] == "all" {
+		return choices, nil
+	}
+	if len(items) == 0 {
+		return nil, usagef("--%s: empty; want some of %s or all", flag, strings.Join(choices, ","))
+	}
+	for _, it := range items {
+		if !slices.Contains(choices, it) {
+			return nil, usagef("--%s: %q: want some of %s or all", flag, it, strings.Join(choices, ","))
+		}
+	}
+	return items, nil
+}
+
+func runBench(c *cli.Context) error {
+	if c.Args().Present() {
+		return usagef("bench: unexpected argument %q (flags come as --name value)", c.Args().First())
+	}
+	log, err := newLogger(c, "warn")
+	if err != nil {
+		return err
+	}
+	scenarios, err := parseChoice(flagScenarios, c.String(flagScenarios), suite.Scenarios)
+	if err != nil {
+		return err
+	}
+	for _, f := range []string{flagMessages, flagSize, flagWorkers} {
+		if c.Int(f) < 1 {
+			return usagef("--%s %d: must be at least 1", f, c.Int(f))
+		}
+	}
+	if c.Int(flagRate) < 0 {
+		return usagef("--%s %d: must not be negative (0: flat out)", flagRate, c.Int(flagRate))
+	}
+	opts := benchBrokerOptions(c, log)
+	var names []string
+	embeddedNATS := !c.IsSet(flagBrokers)
+	if embeddedNATS {
+		names = []string{"nats"}
+	} else {
+		names = splitList(c.String(flagBrokers))
+		if len(names) == 1 && names[0] == "all" {
+			names = BrokerNames()
+		}
+		if len(names) == 0 {
+			return usagef("--%s: empty; want some of %s or all", flagBrokers, strings.Join(BrokerNames(), ","))
+		}
+		for _, n := range names {
+			if _, err := lookupBroker(n); err != nil {
+				return err
+			}
+		}
+	}
+
+	ctx := c.Context
+	out := c.App.Writer
+	var stops stopper
+	defer stops.stop()
+	dir := c.String(flagDataDir)
+	if dir == "" && (embeddedNATS || !c.IsSet(flagDatabaseURL)) {
+		tmp, err := os.MkdirTemp("", "ferry-bench-")
+		if err != nil {
+			return fmt.Errorf("ferry bench: data folder: %w", err)
+		}
+		stops.add(func() { _ = os.RemoveAll(tmp) })
+		dir = tmp
+	} else if dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("ferry bench: --%s %s: %w", flagDataDir, dir, err)
+		}
+	}
+	dbURL, dbWhere := c.String(flagDatabaseURL), "PostgreSQL at "+redactURL(c.String(flagDatabaseURL))
+	if !c.IsSet(flagDatabaseURL) {
+		fmt.Fprintln(out, "ferry bench: starting embedded PostgreSQL…")
+		pg, err := startEmbeddedPG(ctx, dir, log)
+		if err != nil {
+			return err
+		}
+		stops.add(func() {
+			if err := pg.Stop(); err != nil {
+				log.Warn("stopping embedded PostgreSQL", "error", err)
+			}
+		})
+		dbURL, dbWhere = pg.URL(), "embedded PostgreSQL "+string(embeddedPGVersion)+" at "+redactURL(pg.URL())
+	}
+	var nsWhere string
+	if embeddedNATS {
+		ns, err := startEmbeddedNATS(dir)
+		if err != nil {
+			return err
+		}
+		stops.add(ns.Stop)
+		opts.NATSURL = ns.URL()
+		nsWhere = "embedded NATS JetStream in the ferry process at " + ns.URL()
+	}
+
+	targets := make([]suite.Target, 0, len(names))
+	for _, n := range names {
+		f, _ := lookupBroker(n)
+		t := suite.Target{Name: n, URL: benchURL(n, opts), Cleanup: benchCleanup(n, opts),
+			Open: func(ctx context.Context) (broker.Broker, error) { return f(ctx, opts) }}
+		if n == "nats" && nsWhere != "" {
+			t.Where = nsWhere
+		} else {
+			t.Where = n + " at " + redactURL(t.URL)
+		}
+		targets = append(targets, t)
+	}
+	fmt.Fprintf(out, "ferry bench: database %s; brokers %s; scenarios %s; %d messages of %d body bytes\n",
+		dbWhere, strings.Join(names, ", "), strings.Join(scenarios, ", "), c.Int(flagMessages), c.Int(flagSize))
+	exe, err := benchExecutable()
+	if err != nil {
+		return fmt.Errorf("ferry bench: own executable: %w", err)
+	}
+	spawn := func(ctx context.Context, args []string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, exe, append(append([]string{"bench-child"}, args...), opts.brokerArgs()...)...)
+		cmd.Env = append(os.Environ(), benchChildEnv...)
+		return cmd
+	}
+	restart := c.String(flagRestart)
+	if !c.IsSet(flagRestart) {
+		if _, err := os.Stat("compose/local/services.sh"); err == nil {
+			restart = defaultRestart
+		}
+	}
+	var restartBroker func(ctx context.Context, name string) error
+	if restart != "" && restart != "none" && !embeddedNATS {
+		restartBroker = func(ctx context.Context, name string) error {
+			out, err := exec.CommandContext(ctx, "sh", "-c", strings.ReplaceAll(restart, "{broker}", name)).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s: %w: %s", restart, err, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
+	peerDir := c.String(flagPeerDir)
+	if !c.IsSet(flagPeerDir) {
+		if _, err := os.Stat(defaultPeerDir + "/go.mod"); err == nil {
+			peerDir = defaultPeerDir
+		}
+	}
+	res, err := suite.Run(ctx, suite.Config{
+		Spawn: spawn, RestartBroker: restartBroker, PeerDir: peerDir,
+		Targets: targets, DatabaseURL: dbURL, Database: dbWhere, Scenarios: scenarios,
+		Messages: c.Int(flagMessages), Size: c.Int(flagSize), Rate: c.Int(flagRate), Workers: c.Int(flagWorkers),
+		Out: c.String(flagOut), Command: "ferry " + strings.Join(os.Args[1:], " "), Progress: out, Logger: log,
+	})
+	if errors.Is(err, suite.ErrConfig) {
+		return usagef("ferry bench: %v", err)
+	}
+	if err != nil {
+		return fmt.Errorf("ferry bench: %w", err)
+	}
+	failed := 0
+	for _, r := range res.Results {
+		if r.Status == "failed" {
+			failed++
+		}
+	}
+	fmt.Fprintf(out, "ferry bench: done in %.0f s; wrote results.json, results.md and the charts to %s\n", res.Seconds, c.String(flagOut))
+	if failed > 0 {
+		return fmt.Errorf("ferry bench: %d scenario run(s) failed; see %s/results.md", failed, c.String(flagOut))
+	}
+	return nil
+}
+
+// benchURL is the server URL of broker name: the raw client connects to
+// it and its port finds the server's process for the CPU figures.
+func benchURL(name string, o BrokerOptions) string {
+	switch name {
+	case "rabbitmq":
+		return o.RabbitMQURL
+	case "nats":
+		return o.NATSURL
+	case "kafka":
+		if len(o.KafkaBrokers) > 0 {
+			return "kafka://" + o.KafkaBrokers[0]
+		}
+	case "sqs":
+		return o.SQSEndpoint
+	}
+	return ""
+}
+
+// benchCleanup returns the function that removes a bench run's topology
+// from broker name's server, or nil for a broker without one (its
+// uniquely named queues stay).
+func benchCleanup(name string, o BrokerOptions) func(context.Context, broker.Topology) error {
+	switch name {
+	case "rabbitmq":
+		return func(_ context.Context, tp broker.Topology) error {
+			conn, err := amqp.Dial(o.RabbitMQURL)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				return err
+			}
+			defer ch.Close()
+			for _, q := range tp.Queues {
+				for _, n := range rabbitmq.QueueNames(q) {
+					if _, err := ch.QueueDelete(n, false, false, false); err != nil {
+						return fmt.Errorf("delete queue %s: %w", n, err)
+					}
+				}
+			}
+			return ch.ExchangeDelete(tp.Exchange, false, false)
+		}
+	case "nats":
+		return func(ctx context.Context, tp broker.Topology) error {
+			nc, err := natsgo.Connect(o.NATSURL)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			for _, s := range []string{nats.StreamName(tp.Exchange), nats.StreamName(tp.Exchange) + "-dlq"} {
+				if err := js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+					return fmt.Errorf("delete stream %s: %w", s, err)
+				}
+			}
+			return nil
+		}
+	}
+	return nil
+}

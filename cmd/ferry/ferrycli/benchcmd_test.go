@@ -1,0 +1,139 @@
+package ferrycli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/bench/suite"
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// The CI smoke run of ferry bench: every built scenario on every broker in
+// Brokers, a few hundred messages each, against the servers of
+// compose/local/services.sh. It checks that the run finishes, writes its
+// files and that the figures users read for correctness (ordering with one
+// consumer, attempts before the DLQ, nothing lost) are right; it asserts
+// nothing about speed. The faults scenario restarts each broker through
+// compose/local/services.sh and kills relay and worker, which run as
+// children of this test binary (see TestMain); the peer scenario runs the
+// Watermill module's benchmarks (bench/watermill) with the go command.
+func TestBenchSmoke(t *testing.T) {
+	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	out := t.TempDir()
+	brokers := BrokerNames()
+	var stdout, stderr bytes.Buffer
+	code := Main(ctx, []string{"ferry", "bench",
+		"--brokers", strings.Join(brokers, ","), "--messages", "300", "--out", out,
+		"--database-url", testenv.DatabaseURL(), "--rabbitmq-url", testenv.RabbitMQURL(), "--nats-url", testenv.NATSURL(),
+		"--restart-broker", filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh") + " restart {broker}",
+		"--peer-dir", filepath.Join(testenv.RepoRoot(), "bench", "watermill"),
+		"--log-level", "error",
+	}, &stdout, &stderr)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	require.NoError(t, err)
+	var res suite.Results
+	require.NoError(t, json.Unmarshal(b, &res))
+	require.NotEmpty(t, res.Servers["postgres"])
+	require.Positive(t, res.Host.Cores)
+
+	type key struct{ scenario, broker string }
+	got := map[key][]suite.Result{}
+	for _, r := range res.Results {
+		require.NotEqual(t, "failed", r.Status, "%s on %s: %s", r.Scenario, r.Broker, r.Note)
+		got[key{r.Scenario, r.Broker}] = append(got[key{r.Scenario, r.Broker}], r)
+	}
+	figure := func(r suite.Result, name string) float64 {
+		for _, f := range r.Figures {
+			if f.Name == name {
+				return f.Value
+			}
+		}
+		t.Fatalf("%s on %s (%s): no figure %q in %+v", r.Scenario, r.Broker, r.Variant, name, r.Figures)
+		return 0
+	}
+	for _, br := range brokers {
+		for _, sc := range suite.BuiltScenarios {
+			rs := got[key{sc, br}]
+			require.NotEmpty(t, rs, "no result for %s on %s", sc, br)
+			for _, r := range rs {
+				if r.Status != "ok" {
+					continue
+				}
+				switch sc {
+				case suite.ScenarioPipeline, suite.ScenarioEndToEnd:
+					require.Positive(t, figure(r, "throughput"), "%s on %s", sc, br)
+					require.Equal(t, 300, r.Messages)
+				case suite.ScenarioLatency:
+					require.NotNil(t, r.Latency)
+					require.Equal(t, r.Messages, r.Latency.Count, "every committed event handled and timed")
+				case suite.ScenarioOrdering:
+					require.Equal(t, 300.0, figure(r, "handled"))
+					if r.Variant == "1 worker" {
+						require.Zero(t, figure(r, "violations"), "%s: one consumer of one queue keeps publish order", br)
+					}
+				case suite.ScenarioFaults:
+					require.Zero(t, figure(r, "lost"), "%s: events lost across a broker restart and SIGKILLs of relay and worker", br)
+					require.Zero(t, figure(r, "effects applied twice"), "%s: a redelivered event was handled twice", br)
+					require.NotContains(t, r.Note, "failed", br)
+					figure(r, "broker restart recovery")
+					figure(r, "relay SIGKILL recovery")
+					figure(r, "worker SIGKILL recovery")
+				case suite.ScenarioPeer:
+					require.Equal(t, "rabbitmq", br, "the Watermill peer runs on RabbitMQ only")
+					if strings.HasSuffix(r.Variant, "end-to-end") {
+						require.Positive(t, figure(r, "throughput"))
+						require.Positive(t, figure(r, "ferry/watermill throughput"))
+					} else {
+						require.Positive(t, figure(r, "p99"))
+					}
+				case suite.ScenarioRetry:
+					require.Equal(t, 3.0, figure(r, "attempts before DLQ"), br)
+					require.Equal(t, 20.0, figure(r, "dead"), br)
+				}
+			}
+		}
+		require.Equal(t, "ok", got[key{suite.ScenarioPipeline, br}][0].Status, br)
+		require.Equal(t, "ok", got[key{suite.ScenarioFaults, br}][0].Status, br)
+	}
+
+	md, err := os.ReadFile(filepath.Join(out, "results.md"))
+	require.NoError(t, err)
+	for _, sc := range suite.BuiltScenarios {
+		require.Contains(t, string(md), "\n## "+sc+"\n")
+	}
+	for _, sc := range []string{suite.ScenarioRaw, suite.ScenarioPipeline, suite.ScenarioEndToEnd, suite.ScenarioLatency, suite.ScenarioFaults, suite.ScenarioOrdering, suite.ScenarioRetry} {
+		for _, ext := range []string{".svg", ".png"} {
+			fi, err := os.Stat(filepath.Join(out, sc+ext))
+			require.NoError(t, err, "chart of %s", sc)
+			require.Positive(t, fi.Size())
+		}
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--brokers", "carrier-pigeon"},
+		{"--brokers", ""},
+		{"--scenarios", "raw,speed"},
+		{"--messages", "0"},
+		{"--rate", "-1"},
+		{"extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Main(context.Background(), append([]string{"ferry", "bench", "--database-url", "postgres://127.0.0.1:1/x"}, args...), &stdout, &stderr)
+		require.Equal(t, 2, code, "%v: %s", args, stderr.String())
+		require.NotEmpty(t, stderr.String())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,8 +157,22 @@ func (s *subscription) run() {
 		if err != nil {
 			return // closed
 		}
-		ch, msgs, tag, err := s.consume(conn, &tagSeq)
+		consumeAt := time.Now()
+		ch, msgs, tag, watch, err := s.consume(conn, &tagSeq)
 		if err != nil {
+			if isAMQPCode(err, amqp.NotFound) && !conn.IsClosed() && failures < 3 {
+				// The queue is gone although the connection is up (deleted
+				// by an operator): declare the topology again and consume
+				// at once, instead of waiting for a reconnect that never
+				// comes.
+				failures++
+				hctx, hcancel := r.opContext(context.Background())
+				herr := r.healTopology(hctx, err.Error(), consumeAt)
+				hcancel()
+				if herr == nil {
+					continue
+				}
+			}
 			s.signalStarted(err)
 			if !conn.IsClosed() {
 				if failures%20 == 0 {
@@ -180,22 +195,72 @@ func (s *subscription) run() {
 		// consumer, e.g. the queue was deleted): close what is left and
 		// consume again.
 		cc.close()
-		if !conn.IsClosed() {
-			if !r.subMgr.sleep(r.cfg.ReconnectDelay) {
-				return
-			}
+		if conn.IsClosed() {
+			continue // the connection manager logs the loss
+		}
+		if watch.cancelledByServer() {
+			log.Warn("rabbitmq: the broker cancelled the consumer (its queue was deleted?); declaring the topology again if it is missing and consuming again")
+			continue // consume at once; NOT_FOUND there re-declares
+		}
+		if e := watch.closeReason(); e != nil {
+			log.Warn("rabbitmq: the broker closed the consuming channel; deliveries not yet settled on it go back to the queue and are redelivered, settling them now fails; consuming again",
+				"code", e.Code, "reason", e.Reason, "hint", closeHint(e))
+		}
+		if !r.subMgr.sleep(r.cfg.ReconnectDelay) {
+			return
 		}
 	}
 }
 
-func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, <-chan amqp.Delivery, string, error) {
+// chanWatch holds what the server said when it closed a consuming channel
+// or cancelled its consumer.
+type chanWatch struct {
+	closed    chan *amqp.Error
+	cancelled chan string
+}
+
+func (w chanWatch) closeReason() *amqp.Error {
+	select {
+	case e := <-w.closed:
+		return e
+	default:
+		return nil
+	}
+}
+
+func (w chanWatch) cancelledByServer() bool {
+	select {
+	case _, ok := <-w.cancelled:
+		return ok
+	default:
+		return false
+	}
+}
+
+// closeHint says what a channel-closing error from the server means for
+// an operator.
+func closeHint(e *amqp.Error) string {
+	switch {
+	case e.Code == amqp.PreconditionFailed && strings.Contains(e.Reason, "timed out"):
+		return "a delivery stayed unacknowledged longer than the server's consumer_timeout (30 min by default): the handler was too slow; RabbitMQ redelivers the message; raise consumer_timeout or make the handler faster"
+	case e.Code == amqp.NotFound:
+		return "the queue was deleted while consumed; ferry declares it again"
+	default:
+		return "the channel is reopened and consuming resumes; unsettled messages are redelivered"
+	}
+}
+
+func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, <-chan amqp.Delivery, string, chanWatch, error) {
+	var watch chanWatch
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", s.q.Name, err)
+		return nil, nil, "", watch, fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", s.q.Name, err)
 	}
+	watch.closed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	watch.cancelled = ch.NotifyCancel(make(chan string, 1))
 	if err := ch.Qos(s.prefetch, 0, false); err != nil {
 		ch.Close()
-		return nil, nil, "", fmt.Errorf("rabbitmq: subscribe %s: basic.qos: %w", s.q.Name, err)
+		return nil, nil, "", watch, fmt.Errorf("rabbitmq: subscribe %s: basic.qos: %w", s.q.Name, err)
 	}
 	*seq++
 	tag := fmt.Sprintf("ferry-%s-%p-%d", s.q.Name, s, *seq)
@@ -205,9 +270,9 @@ func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, 
 	msgs, err := ch.Consume(s.q.Name, tag, false, false, false, false, nil)
 	if err != nil {
 		ch.Close()
-		return nil, nil, "", fmt.Errorf("rabbitmq: subscribe %s: basic.consume: %w", s.q.Name, err)
+		return nil, nil, "", watch, fmt.Errorf("rabbitmq: subscribe %s: basic.consume: %w", s.q.Name, err)
 	}
-	return ch, msgs, tag, nil
+	return ch, msgs, tag, watch, nil
 }
 
 // pump hands deliveries from msgs to Receive until msgs closes (returns
@@ -470,7 +535,7 @@ func (d *delivery) moveTo(ctx context.Context, op, queue string, h amqp.Table) e
 		Type:            d.msg.Type,
 		Body:            d.d.Body,
 	}
-	errs, err := r.publishConfirmed(ctx, []outgoing{{exchange: "", key: queue, pub: pub}})
+	errs, err := r.publishHealing(ctx, []outgoing{{exchange: "", key: queue, pub: pub}})
 	if err == nil {
 		err = errs[0]
 	}

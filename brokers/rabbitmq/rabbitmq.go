@@ -225,6 +225,9 @@ type rabbit struct {
 	closed    atomic.Bool
 	wg        sync.WaitGroup // connection managers
 
+	healMu   sync.Mutex // one re-declaration of missing topology at a time
+	healedAt time.Time  // when the last one finished, under healMu
+
 	mu     sync.Mutex
 	topo   *broker.Topology // merged topology of every Declare, nil before the first
 	queues map[string]broker.Queue
@@ -455,6 +458,80 @@ func queueDeclareError(name, what string, err error) error {
 		fix = fmt.Sprintf("every process declaring this queue must use the same retry delays (ferry: the same --retry-delay); to change them, delete %q and its other .retry.<i> queues (messages waiting in them are lost)", name)
 	}
 	return fmt.Errorf("rabbitmq: declare %s: %w: %w; %s", desc, broker.ErrTopologyMismatch, err, fix)
+}
+
+// healTopology declares the remembered topology again because a part of
+// it is missing on the server (deleted by an operator, or a broker reset
+// without its data) although the connection stayed up: seen at what
+// (basic.consume NOT_FOUND, a publish to a missing exchange, a message
+// returned unroutable that a remembered binding routes). seenAt is when
+// the caller started the operation that failed: a re-declaration finished
+// since then already repaired what it saw, so concurrent callers cause one
+// re-declaration, not one each.
+func (r *rabbit) healTopology(ctx context.Context, what string, seenAt time.Time) error {
+	r.healMu.Lock()
+	defer r.healMu.Unlock()
+	if r.healedAt.After(seenAt) {
+		return nil
+	}
+	t := r.topology()
+	if t == nil {
+		return nil
+	}
+	for attempt := 1; ; attempt++ {
+		conn, err := r.pubMgr.current(ctx)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: re-declare the missing topology: %w", err)
+		}
+		err = declareOn(conn, *t)
+		if err == nil {
+			break
+		}
+		// NOT_FOUND while declaring: an object was deleted between two
+		// declarations of this run (the operator is still deleting);
+		// declare everything again, a few times.
+		if !isAMQPCode(err, amqp.NotFound) || attempt == 5 || ctx.Err() != nil {
+			r.log.Error("rabbitmq: topology missing on the server; declaring it again failed", "seen", what, "err", err)
+			return err
+		}
+		time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+	}
+	r.healedAt = time.Now()
+	r.log.Warn("rabbitmq: topology missing on the server (deleted while in use?); declared it again and carrying on",
+		"seen", what, "exchange", t.Exchange, "queues", len(t.Queues))
+	return nil
+}
+
+// knownRoute reports whether the remembered topology routes a message
+// published to exchange with key: a binding of a declared queue matches
+// key on the declared exchange, or, on the default exchange, key names a
+// declared work, retry or dead-letter queue. A message returned
+// unroutable although knownRoute holds means the topology is missing.
+func (r *rabbit) knownRoute(exchange, key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.topo == nil {
+		return false
+	}
+	for _, q := range r.topo.Queues {
+		if exchange == "" {
+			for _, n := range QueueNames(q) {
+				if n == key {
+					return true
+				}
+			}
+			continue
+		}
+		if exchange != r.topo.Exchange {
+			continue
+		}
+		for _, b := range q.Bindings {
+			if broker.MatchRoutingKey(b, key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // topology returns a copy of the merged topology, or nil.

@@ -64,6 +64,32 @@ func deleteTopology(ctx context.Context, t testing.TB, tp broker.Topology) {
 	}
 }
 
+// removeTopology deletes tp's queues, then its exchange, on a connection
+// of its own, as an operator could; it fails when a deletion fails.
+func removeTopology(ctx context.Context, t *testing.T, tp broker.Topology) error {
+	conn, err := amqp.Dial(testenv.RabbitMQURL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	for _, q := range tp.Queues {
+		for _, n := range rabbitmq.QueueNames(q) {
+			if _, err := ch.QueueDelete(n, false, false, false); err != nil {
+				return fmt.Errorf("delete queue %s: %w", n, err)
+			}
+		}
+	}
+	if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
+		return fmt.Errorf("delete exchange %s: %w", tp.Exchange, err)
+	}
+	return nil
+}
+
 func TestConformance(t *testing.T) {
 	addr := testenv.HostPort(testenv.RabbitMQURL())
 	testenv.RequireTCP(t, "rabbitmq", addr)
@@ -84,6 +110,7 @@ func TestConformance(t *testing.T) {
 			testenv.RequireTCP(t, "rabbitmq", addr)
 		},
 		DeleteTopology: func(ctx context.Context, t *testing.T, tp broker.Topology) { deleteTopology(ctx, t, tp) },
+		RemoveTopology: removeTopology,
 	})
 }
 

@@ -90,12 +90,20 @@ func removeTopology(ctx context.Context, t *testing.T, tp broker.Topology) error
 	return nil
 }
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { runConformance(t, rabbitmq.QueueTypeClassic) }
+
+// TestConformanceQuorum runs the suite with quorum queues
+// (Config.QueueType).
+func TestConformanceQuorum(t *testing.T) { runConformance(t, rabbitmq.QueueTypeQuorum) }
+
+func runConformance(t *testing.T, queueType string) {
 	addr := testenv.HostPort(testenv.RabbitMQURL())
 	testenv.RequireTCP(t, "rabbitmq", addr)
 	brokertest.RunConformance(t, brokertest.Harness{
 		New: func(ctx context.Context, t *testing.T) (broker.Broker, error) {
-			return rabbitmq.New(ctx, config())
+			cfg := config()
+			cfg.QueueType = queueType
+			return rabbitmq.New(ctx, cfg)
 		},
 		StopServer: func(t *testing.T) {
 			testenv.Services(t, "stop", "rabbitmq")
@@ -225,6 +233,81 @@ func TestDefaultRetryDelay(t *testing.T) {
 	var rq mgmtQueue
 	require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(tp.Queues[0].Name+".retry.0"), &rq))
 	require.Equal(t, float64(30000), rq.Arguments["x-message-ttl"])
+}
+
+// TestQuorumQueueArguments checks what Declare sets on quorum queues, as
+// the management plugin shows it: every queue is a quorum queue with a
+// delivery limit no redelivery storm reaches (RabbitMQ 4.x would drop a
+// message after 20 returns by default), and retry levels dead-letter at
+// least once.
+func TestQuorumQueueArguments(t *testing.T) {
+	cfg := config()
+	cfg.QueueType = rabbitmq.QueueTypeQuorum
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := rabbitmq.New(ctx, cfg)
+	require.NoError(t, err)
+	defer b.Close()
+	tp := topology(t, 200*time.Millisecond)
+	require.NoError(t, b.Declare(ctx, tp))
+	for _, name := range rabbitmq.QueueNames(tp.Queues[0]) {
+		var q mgmtQueue
+		require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(name), &q), name)
+		require.Equal(t, "quorum", q.Arguments["x-queue-type"], name)
+		require.Equal(t, float64(rabbitmq.QuorumDeliveryLimit), q.Arguments["x-delivery-limit"], name)
+		if strings.Contains(name, ".retry.") {
+			require.Equal(t, "at-least-once", q.Arguments["x-dead-letter-strategy"], name)
+			require.Equal(t, "reject-publish", q.Arguments["x-overflow"], name)
+		}
+		require.NotContains(t, q.Arguments, "x-max-length", name)
+	}
+	// A message retried through a quorum retry level comes back.
+	sub, err := b.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "q1", Type: "order.created", Body: []byte("{}")}}))
+	d, err := sub.Receive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, d.Retry(ctx, 0, "again"))
+	d, err = sub.Receive(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, d.Message().Attempt)
+	require.NoError(t, d.Ack(ctx))
+}
+
+// TestQueueTypeMismatch: declaring queues that exist with the other type
+// is a permanent refusal that says how to fix it, both ways.
+func TestQueueTypeMismatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct{ first, second string }{
+		{rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum},
+		{rabbitmq.QueueTypeQuorum, rabbitmq.QueueTypeClassic},
+	} {
+		tp := topology(t, time.Second)
+		cfg := config()
+		cfg.QueueType = c.first
+		b1, err := rabbitmq.New(ctx, cfg)
+		require.NoError(t, err)
+		require.NoError(t, b1.Declare(ctx, tp))
+		b1.Close()
+		cfg.QueueType = c.second
+		b2, err := rabbitmq.New(ctx, cfg)
+		require.NoError(t, err)
+		err = b2.Declare(ctx, tp)
+		b2.Close()
+		require.ErrorIs(t, err, broker.ErrTopologyMismatch, "%s then %s", c.first, c.second)
+		require.Contains(t, err.Error(), "--rabbitmq-queue-type "+c.first, "says which setting matches the queue")
+		require.Contains(t, err.Error(), "x-queue-type")
+	}
+}
+
+// TestQueueTypeInvalid: an unknown queue type is refused by New.
+func TestQueueTypeInvalid(t *testing.T) {
+	cfg := config()
+	cfg.QueueType = "stream"
+	_, err := rabbitmq.New(context.Background(), cfg)
+	require.ErrorContains(t, err, "Config.QueueType")
 }
 
 // TestDeclareChangedRetryDelayRefused: RabbitMQ refuses to redeclare a

@@ -53,7 +53,10 @@
 // refused messages once more, so a relay does not park them as
 // unroutable. Messages that were in a deleted queue are gone with it; a
 // message a classic retry level dead-letters to a deleted work queue is
-// dropped by RabbitMQ.
+// dropped by RabbitMQ; and a message that still reaches another queue
+// bound to its type is not returned, so a deleted queue misses messages
+// until it is declared again (at once when a subscription consumes it:
+// RabbitMQ cancels the consumer, whose next basic.consume re-declares).
 //
 // When the server closes a consuming channel (for example
 // PRECONDITION_FAILED because a delivery stayed unacknowledged longer than

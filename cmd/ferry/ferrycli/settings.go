@@ -303,7 +303,7 @@ func loadSettings(c *cli.Context) (*settings, error) {
 			return nil, err
 		}
 	}
-	if qt := s.brokerOpts.RabbitMQQueueType; qt != rabbitmq.QueueTypeClassic && qt != rabbitmq.QueueTypeQuorum {
+	if qt := s.brokerOpts.RabbitMQQueueType; qt != "" && qt != rabbitmq.QueueTypeClassic && qt != rabbitmq.QueueTypeQuorum {
 		return nil, usagef("--%s %q: want %s or %s", flagRabbitQueueType, qt, rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum)
 	}
 	if has(flagRetryDelay) {

@@ -188,8 +188,12 @@ func (s *subscription) run() {
 		failures = 0
 		s.signalStarted(nil)
 		cc := &consumerChan{ch: ch}
-		if !s.pump(cc, msgs, tag) {
+		again, orphaned := s.pump(conn, cc, msgs, tag)
+		if !again {
 			return
+		}
+		if orphaned {
+			continue // the channel is retired, not closed: consume at once
 		}
 		// The channel or connection was lost (or the server cancelled the
 		// consumer, e.g. the queue was deleted): close what is left and
@@ -277,26 +281,73 @@ func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, 
 
 // pump hands deliveries from msgs to Receive until msgs closes (returns
 // true: consume again) or the subscription stops (returns false).
-func (s *subscription) pump(cc *consumerChan, msgs <-chan amqp.Delivery, tag string) bool {
+//
+// While no delivery arrives for consumerCheckEvery, it checks that the
+// consumer still exists on the server: RabbitMQ does not always send
+// basic.cancel when a consumed queue is deleted (seen when another client
+// declared the queue again at once), and the subscription would then wait
+// forever on a consumer the server forgot. A queue that is gone, or that
+// counts no consumer, retires the channel (handed-out deliveries stay
+// settleable) and returns again and orphaned true: consume again.
+func (s *subscription) pump(conn *amqp.Connection, cc *consumerChan, msgs <-chan amqp.Delivery, tag string) (again, orphaned bool) {
+	check := time.NewTicker(consumerCheckEvery)
+	defer check.Stop()
+	last := time.Now()
 	for {
 		select {
 		case d, ok := <-msgs:
 			if !ok {
-				return true
+				return true, false
 			}
+			last = time.Now()
 			dl := s.newDelivery(cc, d)
 			select {
 			case s.out <- dl:
 			case <-s.closed:
 				_ = cc.ch.Nack(d.DeliveryTag, false, true)
 				s.stopConsuming(cc, msgs, tag)
-				return false
+				return false, false
+			}
+		case <-check.C:
+			if time.Since(last) < consumerCheckEvery {
+				continue
+			}
+			if why := s.consumerGone(conn); why != "" {
+				s.r.log.Warn("rabbitmq: the consumer is gone without a cancel from the broker; consuming again", "queue", s.q.Name, "why", why)
+				go func() { _ = cc.ch.Cancel(tag, false) }()
+				cc.retire()
+				return true, true
 			}
 		case <-s.closed:
 			s.stopConsuming(cc, msgs, tag)
-			return false
+			return false, false
 		}
 	}
+}
+
+// consumerCheckEvery is how long a subscription may go without a delivery
+// before it checks that its consumer still exists (see pump).
+const consumerCheckEvery = 5 * time.Second
+
+// consumerGone reports why the subscription's consumer no longer exists
+// on the server ("" when it may): its queue is missing, or the queue counts
+// no consumer. It uses a passive declaration on a channel of its own.
+func (s *subscription) consumerGone(conn *amqp.Connection) string {
+	ch, err := conn.Channel()
+	if err != nil {
+		return ""
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(s.q.Name, true, false, false, false, nil)
+	switch {
+	case isAMQPCode(err, amqp.NotFound):
+		return "its queue no longer exists"
+	case err != nil:
+		return ""
+	case q.Consumers == 0:
+		return "its queue counts no consumer"
+	}
+	return ""
 }
 
 // stopConsuming cancels the consumer, returns the prefetched deliveries

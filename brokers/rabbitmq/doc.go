@@ -57,6 +57,10 @@
 // bound to its type is not returned, so a deleted queue misses messages
 // until it is declared again (at once when a subscription consumes it:
 // RabbitMQ cancels the consumer, whose next basic.consume re-declares).
+// RabbitMQ does not always send that cancel (seen when another client
+// declared the queue again at once), so a subscription that received
+// nothing for 5s checks with a passive declaration that its queue exists
+// and counts a consumer, and consumes again when not.
 //
 // When the server closes a consuming channel (for example
 // PRECONDITION_FAILED because a delivery stayed unacknowledged longer than

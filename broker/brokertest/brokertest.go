@@ -20,12 +20,14 @@
 // the failing queue only, the DLQ (List, Replay, Purge, also from a broker
 // that did not declare the queue, and ErrUnknownQueue without creating
 // anything for a queue that exists nowhere), settlement rules,
-// redelivery of unsettled messages, Close, and recovery from a server
-// outage and from the deletion of its topology under a running publisher
-// and consumer (Harness.RemoveTopology). Where a broker's Capabilities rule a feature out (no wildcard
-// bindings, no size limit), the suite checks that the capability is declared
-// consistently instead of the feature; it never skips because a server is
-// missing: an unreachable server fails the test.
+// redelivery of unsettled messages, Close, recovery from a server outage,
+// and recovery from the deletion of the topology under a running publisher
+// and consumer without a reconnect (TopologyDeleted; skipped, saying so,
+// when the harness has no RemoveTopology). Where a broker's Capabilities
+// rule a feature out (no wildcard bindings, no size limit), the suite
+// checks that the capability is declared consistently instead of the
+// feature; it never skips because a server is missing: an unreachable
+// server fails the test.
 //
 // The subtests run in parallel with each other, each on its own uniquely
 // named topology, except the outage test, which runs alone at the end. The

@@ -113,6 +113,13 @@ func (c *consumerChan) settled() {
 	}
 }
 
+// idle reports whether no delivery handed out from c is unsettled.
+func (c *consumerChan) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.outstanding <= 0
+}
+
 func (c *consumerChan) retire() {
 	c.mu.Lock()
 	c.retiring = true
@@ -282,13 +289,15 @@ func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, 
 // pump hands deliveries from msgs to Receive until msgs closes (returns
 // true: consume again) or the subscription stops (returns false).
 //
-// While no delivery arrives for consumerCheckEvery, it checks that the
-// consumer still exists on the server: RabbitMQ does not always send
-// basic.cancel when a consumed queue is deleted (seen when another client
-// declared the queue again at once), and the subscription would then wait
-// forever on a consumer the server forgot. A queue that is gone, or that
-// counts no consumer, retires the channel (handed-out deliveries stay
-// settleable) and returns again and orphaned true: consume again.
+// When no delivery arrived for consumerCheckEvery and none handed out is
+// unsettled, it returns again and orphaned true after closing the channel,
+// so that the run loop registers a fresh consumer: RabbitMQ does not
+// always send basic.cancel when a consumed queue is deleted and declared
+// again at once (seen with quorum queues), and a passive declaration then
+// still finds the queue and counts a consumer, so the subscription would
+// wait forever on a consumer the server forgot. The refresh costs a few
+// AMQP frames per idle period and never raises the number of unsettled
+// deliveries above Prefetch, because it waits until none is unsettled.
 func (s *subscription) pump(conn *amqp.Connection, cc *consumerChan, msgs <-chan amqp.Delivery, tag string) (again, orphaned bool) {
 	check := time.NewTicker(consumerCheckEvery)
 	defer check.Stop()
@@ -309,15 +318,14 @@ func (s *subscription) pump(conn *amqp.Connection, cc *consumerChan, msgs <-chan
 				return false, false
 			}
 		case <-check.C:
-			if time.Since(last) < consumerCheckEvery {
+			if time.Since(last) < consumerCheckEvery || !cc.idle() {
 				continue
 			}
 			if why := s.consumerGone(conn); why != "" {
 				s.r.log.Warn("rabbitmq: the consumer is gone without a cancel from the broker; consuming again", "queue", s.q.Name, "why", why)
-				go func() { _ = cc.ch.Cancel(tag, false) }()
-				cc.retire()
-				return true, true
 			}
+			cc.retire() // nothing unsettled: closes the channel now
+			return true, true
 		case <-s.closed:
 			s.stopConsuming(cc, msgs, tag)
 			return false, false

@@ -57,10 +57,14 @@
 // bound to its type is not returned, so a deleted queue misses messages
 // until it is declared again (at once when a subscription consumes it:
 // RabbitMQ cancels the consumer, whose next basic.consume re-declares).
-// RabbitMQ does not always send that cancel (seen when another client
-// declared the queue again at once), so a subscription that received
-// nothing for 5s checks with a passive declaration that its queue exists
-// and counts a consumer, and consumes again when not.
+// RabbitMQ does not always send that cancel (seen with quorum queues
+// deleted and declared again at once by another client; a passive
+// declaration then still counts a consumer), so a subscription that
+// received nothing for 5s and holds no unsettled delivery registers a
+// fresh consumer on a new channel. With quorum queues the re-declaration
+// waits one second: RabbitMQ removes a deleted quorum queue's replicas
+// after queue.delete returned, and a queue of the same name declared at
+// once lost messages it had confirmed (seen on 3.10).
 //
 // When the server closes a consuming channel (for example
 // PRECONDITION_FAILED because a delivery stayed unacknowledged longer than

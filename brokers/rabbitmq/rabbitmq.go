@@ -493,6 +493,19 @@ func (r *rabbit) healTopology(ctx context.Context, what string, seenAt time.Time
 	if t == nil {
 		return nil
 	}
+	if r.cfg.QueueType == QueueTypeQuorum {
+		// RabbitMQ removes a deleted quorum queue's Raft members after
+		// queue.delete returned; a queue of the same name declared at once
+		// can lose the messages it confirms meanwhile (seen on 3.10).
+		// Let the deletion settle first.
+		t := time.NewTimer(quorumHealSettle)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		conn, err := r.pubMgr.current(ctx)
 		if err != nil {
@@ -516,6 +529,10 @@ func (r *rabbit) healTopology(ctx context.Context, what string, seenAt time.Time
 		"seen", what, "exchange", t.Exchange, "queues", len(t.Queues))
 	return nil
 }
+
+// quorumHealSettle is how long healTopology waits before it declares
+// missing quorum queues again.
+const quorumHealSettle = time.Second
 
 // knownRoute reports whether the remembered topology routes a message
 // published to exchange with key: a binding of a declared queue matches

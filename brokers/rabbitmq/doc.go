@@ -88,8 +88,9 @@
 //     quorum queue counts each return of a delivery and drops (or
 //     dead-letters) a message past the limit, 20 by default from RabbitMQ
 //     4.0; ferry counts attempts itself and dead-letters with the reason,
-//     so the broker must never drop first. Not -1: RabbitMQ 3.x accepts it
-//     and drops a message at its first return.
+//     so the broker must never drop first. Not -1, which means
+//     "unlimited" only from RabbitMQ 4.0 on (3.10 accepts it as a plain
+//     number); 2^31-1 means the same on every version.
 //   - x-dead-letter-strategy at-least-once and x-overflow reject-publish
 //     (which at-least-once requires) on the retry levels, so a message
 //     whose delay expired leaves the retry queue only once its work queue

@@ -60,9 +60,9 @@ const (
 // subscription returning its prefetched messages, a DLQ List) and drops a
 // message past its delivery limit, which is 20 by default from RabbitMQ
 // 4.0 (none in 3.x). ferry counts attempts itself and moves a message to
-// its DLQ with the reason, so no broker-side limit may drop it. -1 would
-// mean "unlimited" on 4.x but drops a message at its first return on
-// 3.x, which accepts it as a plain number.
+// its DLQ with the reason, so no broker-side limit may drop it. -1 means
+// "unlimited" only from RabbitMQ 4.0 on (3.10 accepts it as a plain
+// number); 2^31-1 means the same on every version.
 const QuorumDeliveryLimit = math.MaxInt32
 
 // MaxRetryDelay is the longest retry level: x-message-ttl is an unsigned

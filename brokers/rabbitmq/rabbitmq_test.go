@@ -1,13 +1,16 @@
 package rabbitmq_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -396,6 +399,8 @@ func TestReconnectAfterServerClosesConnections(t *testing.T) {
 	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
 	cfg := config()
 	cfg.ConnectionName = testenv.UniqueName("ferry-reconnect")
+	logs := &lockedBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	b, err := rabbitmq.New(context.Background(), cfg)
 	require.NoError(t, err)
 	defer b.Close()
@@ -454,6 +459,38 @@ func TestReconnectAfterServerClosesConnections(t *testing.T) {
 		seen[d.Message().ID] = true
 		require.NoError(t, d.Ack(ctx))
 	}
+	// Each "connection lost" is followed by a "reconnected" for the same
+	// connection, also when the first dial after the loss succeeds.
+	for _, role := range []string{"publish", "consume"} {
+		var lines []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "connection="+role) && (strings.Contains(l, "connection lost") || strings.Contains(l, "reconnected")) {
+				lines = append(lines, l)
+			}
+		}
+		require.NotEmpty(t, lines, "no connection lost line for the %s connection:\n%s", role, logs.String())
+		require.Contains(t, lines[0], "connection lost", role)
+		require.Contains(t, lines[len(lines)-1], "rabbitmq: reconnected", "the %s connection's loss is followed by reconnected:\n%s", role, strings.Join(lines, "\n"))
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writes (a logger's
+// handler writes from the adapter's goroutines).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestNewUnreachable: New fails within its ctx when nothing listens, and

@@ -12,8 +12,13 @@ import (
 // broker; an adapter maps them to its native header mechanism (AMQP headers
 // table, NATS message headers, Kafka record headers, SQS message attributes).
 const (
-	// HeaderRetryCount carries how many times the message has been retried
-	// (0 on the first delivery), as a decimal string. ferry never reads
+	// HeaderRetryCount carries how many times the message has been retried,
+	// as a decimal string. It is absent on a first delivery and after a DLQ
+	// replay, and absent means 0: the relay publishes outbox rows without
+	// it, so that every adapter delivers a first attempt as the row was
+	// written (no header the producer did not set) and no byte is added to
+	// the common case; readers use Message.Attempt (1 + this value) or treat
+	// a missing header as 0. The conformance suite checks both. ferry never reads
 	// RabbitMQ's x-death header, whose counting changed between RabbitMQ
 	// versions (RabbitMQ 3.13 / 4.0 release notes, "x-death" changes).
 	HeaderRetryCount = "x-retry-count"
@@ -624,8 +629,8 @@ type DeadLetterQueue interface {
 	// List returns, apart from messages added or removed meanwhile.
 	List(ctx context.Context, limit int) ([]DeadMessage, error)
 	// Replay moves the dead messages with the given IDs (all of them when
-	// ids is nil) back to the work queue with HeaderRetryCount reset to 0
-	// and HeaderLastError removed, only to this queue. It returns the IDs
+	// ids is nil) back to the work queue with HeaderRetryCount removed
+	// (which means 0) and HeaderLastError removed, only to this queue. It returns the IDs
 	// replayed; an ID not found is not an error (it is missing from the
 	// result). A replayed message is stored in the work queue before it is
 	// removed from the DLQ.

@@ -55,7 +55,7 @@ func (c *closedChannels) Enabled(context.Context, slog.Level) bool { return true
 func (c *closedChannels) WithAttrs([]slog.Attr) slog.Handler       { return c }
 func (c *closedChannels) WithGroup(string) slog.Handler            { return c }
 func (c *closedChannels) Handle(_ context.Context, r slog.Record) error {
-	if !strings.Contains(r.Message, "closed the consumer channel") {
+	if !strings.Contains(r.Message, "closed the consuming channel") {
 		return nil
 	}
 	var reason string

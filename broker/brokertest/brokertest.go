@@ -22,11 +22,14 @@
 // the failing queue only, the DLQ (List, Replay, Purge, also from a broker
 // that did not declare the queue, and ErrUnknownQueue without creating
 // anything for a queue that exists nowhere), settlement rules,
-// redelivery of unsettled messages, Close, and recovery from a server
-// outage. Where a broker's Capabilities rule a feature out (no wildcard
-// bindings, no size limit), the suite checks that the capability is declared
-// consistently instead of the feature; it never skips because a server is
-// missing: an unreachable server fails the test.
+// redelivery of unsettled messages, Close, recovery from a server outage,
+// and recovery from the deletion of the topology under a running publisher
+// and consumer without a reconnect (TopologyDeleted; skipped, saying so,
+// when the harness has no RemoveTopology). Where a broker's Capabilities
+// rule a feature out (no wildcard bindings, no size limit), the suite
+// checks that the capability is declared consistently instead of the
+// feature; it never skips because a server is missing: an unreachable
+// server fails the test.
 //
 // The subtests run in parallel with each other, each on its own uniquely
 // named topology, except the outage test, which runs alone at the end. The
@@ -38,6 +41,7 @@ package brokertest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -72,6 +76,16 @@ type Harness struct {
 	// shared server does not fill up with test queues. Errors are the
 	// harness's to log; they do not fail the test.
 	DeleteTopology func(ctx context.Context, t *testing.T, topo broker.Topology)
+
+	// RemoveTopology, when set, deletes a declared topology from the server
+	// at once (RabbitMQ: its queues and exchange; NATS: its streams, which
+	// deletes their consumers), the way an operator's mistake or a broker
+	// reset without its data would, and returns an error if it could not.
+	// The TopologyDeleted subtest calls it under a running publisher and
+	// consumer; a harness without it skips that subtest with a message
+	// saying so. Unlike DeleteTopology (clean-up, errors only logged), a
+	// failure here fails the test.
+	RemoveTopology func(ctx context.Context, t *testing.T, topo broker.Topology) error
 
 	// OutageDuration is how long the outage test keeps the server stopped.
 	// Defaults to 2s.
@@ -129,6 +143,7 @@ func RunConformance(t *testing.T, h Harness) {
 			{"DLQWithoutDeclare", s.testDLQWithoutDeclare},
 			{"DLQOfQueueNowhere", s.testDLQOfQueueNowhere},
 			{"Close", s.testClose},
+			{"TopologyDeleted", s.testTopologyDeleted},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
@@ -1438,4 +1453,182 @@ func (s *suite) testOutage(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "the subscription did not resume after the outage")
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// testTopologyDeleted deletes the topology (exchange, queues, streams)
+// under a running publisher and a running consumer, two brokers as a relay
+// and a worker would be, twice. Both must heal by themselves within
+// seconds, without a reconnect: every message whose Publish started after
+// the deletion and returned nil is received, and no Publish started after
+// the deletion reports a message unroutable (a relay would park the row).
+// Messages that sat in a queue when it was deleted are lost by the
+// deletion itself; the test does not count them.
+func (s *suite) testTopologyDeleted(t *testing.T) {
+	if s.h.RemoveTopology == nil {
+		t.Skip("brokertest: this adapter's harness has no RemoveTopology hook; topology self-healing is not tested for it")
+	}
+	tp := s.topo(t, q("a", "evt.heal.*"))
+	pub := s.declared(t, tp)
+	cons := s.declared(t, tp)
+	sub := subscribe(t, cons, tp.Queues[0].Name, 10)
+
+	type sent struct {
+		start time.Time
+		id    string
+	}
+	var (
+		mu         sync.Mutex
+		confirmed  []sent
+		received   = map[string]time.Time{}
+		unroutable []string
+		lastErr    error
+		lastErrAt  time.Time
+	)
+	stopPub := make(chan struct{})
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for batch := 0; ; batch++ {
+			select {
+			case <-stopPub:
+				return
+			default:
+			}
+			var msgs []*broker.Message
+			for i := 0; i < 3; i++ {
+				msgs = append(msgs, msg(fmt.Sprintf("h%d-%d", batch, i), "evt.heal.x"))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			start := time.Now()
+			err := pub.Publish(ctx, msgs)
+			cancel()
+			failed := broker.FailedIndexes(err, len(msgs))
+			mu.Lock()
+			for i, m := range msgs {
+				e, bad := failed[i]
+				if !bad {
+					confirmed = append(confirmed, sent{start, m.ID})
+					continue
+				}
+				if errors.Is(e, broker.ErrUnroutable) {
+					unroutable = append(unroutable, fmt.Sprintf("%s at %s: %v", m.ID, start.Format("15:04:05.000"), e))
+				}
+			}
+			if err != nil {
+				lastErr, lastErrAt = err, time.Now()
+			}
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	consCtx, consCancel := context.WithCancel(context.Background())
+	consDone := make(chan struct{})
+	go func() {
+		defer close(consDone)
+		for {
+			d, err := sub.Receive(consCtx)
+			if err != nil {
+				if consCtx.Err() == nil {
+					t.Errorf("Receive after the topology was deleted: %v (the subscription must heal by itself)", err)
+				}
+				return
+			}
+			mu.Lock()
+			received[d.Message().ID] = time.Now()
+			mu.Unlock()
+			_ = d.Ack(consCtx)
+		}
+	}()
+	stopPublisher := sync.OnceFunc(func() {
+		close(stopPub)
+		<-pubDone
+	})
+	defer func() {
+		stopPublisher()
+		consCancel()
+		<-consDone
+	}()
+
+	countSince := func(at time.Time) (confirms, arrived int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range confirmed {
+			if c.start.After(at) {
+				confirms++
+				if _, ok := received[c.id]; ok {
+					arrived++
+				}
+			}
+		}
+		return confirms, arrived
+	}
+	waitFlow := func(since time.Time, what string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			c, a := countSince(since)
+			if c >= 10 && a >= 10 {
+				return
+			}
+			if time.Now().After(deadline) {
+				mu.Lock()
+				le, at := lastErr, lastErrAt
+				mu.Unlock()
+				t.Fatalf("%s: after 30s only %d message(s) confirmed and %d received (last Publish error at %s: %v)",
+					what, c, a, at.Format("15:04:05.000"), le)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFlow(time.Now(), "before the deletion")
+
+	var deletedAt []time.Time
+	for round := 1; round <= 2; round++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := s.h.RemoveTopology(ctx, t, tp)
+		cancel()
+		require.NoError(t, err, "Harness.RemoveTopology (round %d)", round)
+		at := time.Now()
+		deletedAt = append(deletedAt, at)
+		waitFlow(at, fmt.Sprintf("round %d: publisher and consumer did not recover from the deleted topology", round))
+		t.Logf("round %d: flowing again %v after the deletion", round, time.Since(at).Round(time.Millisecond))
+	}
+	stopPublisher()
+
+	// Every message published after the first deletion and confirmed
+	// arrives.
+	first := deletedAt[0]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		var missing []string
+		for _, c := range confirmed {
+			if _, ok := received[c.id]; !ok && c.start.After(first) && !nearDeletion(c.start, deletedAt[1:]) {
+				missing = append(missing, c.id)
+			}
+		}
+		mu.Unlock()
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d message(s) confirmed after the topology was deleted were never received, e.g. %v", len(missing), missing[:min(10, len(missing))])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, unroutable, "Publish reported messages unroutable after the topology was deleted: the adapter must declare the topology again, not let a relay park the rows")
+}
+
+// nearDeletion reports whether a publish that started at start may have
+// been in a queue when a later deletion (at one of dels) removed it: it
+// started within 5s before that deletion.
+func nearDeletion(start time.Time, dels []time.Time) bool {
+	for _, d := range dels {
+		if start.Before(d) && d.Sub(start) < 5*time.Second {
+			return true
+		}
+	}
+	return false
 }

@@ -82,4 +82,15 @@
 // The connection reconnects forever (Config.ReconnectWait); pulls resume
 // by themselves and the declared topology is declared again after each
 // reconnect.
+//
+// A stream or consumer deleted while the connection stays up (an
+// operator's mistake, a server reset without its data) is declared again
+// without a reconnect: a publish no stream answered, or a pull ended by
+// "409 Consumer Deleted" or no responders, makes the broker check its
+// remembered topology and, when a part is missing, declare it again after
+// one second (the server finishes deleting a stream's files after the
+// delete call returns; a stream created again at once can fail or come
+// back half-deleted) and publish the refused messages once more. A consumer
+// declared again keeps the AckWait and MaxAckPending of the last
+// Subscribe. Messages stored in a deleted stream are gone with it.
 package nats

@@ -54,6 +54,10 @@ type natsBroker struct {
 	closeCh    chan struct{}
 
 	declareMu sync.Mutex // serialises Declare and the re-declare after a reconnect
+	healedAt  time.Time  // end of the last healTopology, under declareMu
+	// subOpts is, per queue name, the AckWait and MaxAckPending Subscribe
+	// set on the consumer, so a consumer created again keeps them.
+	subOpts map[string]consumerOpts
 
 	mu        sync.Mutex
 	closed    bool
@@ -110,6 +114,7 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		handedOut: map[*delivery]struct{}{},
 		exchanges: map[string]*declared{},
 		queues:    map[string]*queueInfo{},
+		subOpts:   map[string]consumerOpts{},
 	}
 	dial := 5 * time.Second
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < dial {
@@ -343,14 +348,20 @@ func (b *natsBroker) declareConsumer(ctx context.Context, d *declared, qi *queue
 	default:
 		return fmt.Errorf("nats: declare queue %s: look up consumer %s on stream %s: %w", qi.queue.Name, qi.consumer, d.names.stream, err)
 	}
+	b.mu.Lock()
+	so, ok := b.subOpts[qi.queue.Name]
+	b.mu.Unlock()
+	if !ok {
+		so = consumerOpts{ackWait: 30 * time.Second, maxAckPending: b.cfg.MaxAckPending}
+	}
 	_, err = b.js.CreateConsumer(ctx, d.names.stream, jetstream.ConsumerConfig{
 		Durable:        qi.consumer,
 		Description:    "ferry queue " + qi.queue.Name,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        30 * time.Second,
+		AckWait:        so.ackWait,
 		MaxDeliver:     -1,
-		MaxAckPending:  b.cfg.MaxAckPending,
+		MaxAckPending:  so.maxAckPending,
 		FilterSubjects: qi.filters,
 		Replicas:       b.cfg.Replicas,
 	})
@@ -362,6 +373,80 @@ func (b *natsBroker) declareConsumer(ctx context.Context, d *declared, qi *queue
 	if err != nil {
 		return fmt.Errorf("nats: declare queue %s: create consumer %s on stream %s: %w", qi.queue.Name, qi.consumer, d.names.stream, err)
 	}
+	return nil
+}
+
+// healSettle is how long healTopology waits after it found a stream or
+// consumer missing before it declares them again.
+const healSettle = time.Second
+
+// consumerOpts are the consumer settings a Subscribe asked for.
+type consumerOpts struct {
+	ackWait       time.Duration
+	maxAckPending int
+}
+
+// healTopology declares exchange's remembered topology again because a
+// part of it is missing on the server although the connection is up (a
+// stream or consumer deleted by an operator, a server reset without its
+// data): seen at what (a publish no stream answered, a pull on a deleted
+// consumer). seenAt is when the caller started the operation that failed:
+// a re-declaration finished since then already repaired it, so concurrent
+// callers cause one re-declaration. It returns an error when the
+// declaration fails (e.g. JetStream is not reachable either).
+func (b *natsBroker) healTopology(ctx context.Context, exchange, what string, seenAt time.Time) error {
+	b.declareMu.Lock()
+	defer b.declareMu.Unlock()
+	if b.healedAt.After(seenAt) {
+		return nil
+	}
+	b.mu.Lock()
+	d, closed := b.exchanges[exchange], b.closed
+	b.mu.Unlock()
+	if closed {
+		return broker.ErrClosed
+	}
+	if d == nil {
+		return nil
+	}
+	// Only when something is missing: a stream that answers was not
+	// deleted, and re-declaring would not help.
+	if _, err := b.js.Stream(ctx, d.names.stream); err == nil {
+		missing := false
+		for _, q := range d.topology.Queues {
+			if _, err := b.js.Consumer(ctx, d.names.stream, d.queues[q.Name].consumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
+				missing = true
+				break
+			}
+		}
+		if _, err := b.js.Stream(ctx, d.names.dlqStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+			missing = true
+		}
+		if !missing {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	// The server finishes deleting a stream (its file store) after the
+	// delete call returned: a stream created again within milliseconds
+	// fails ("error creating store for stream") or, worse, comes back
+	// half-deleted, storing messages without acknowledging them (seen with
+	// nats-server 2.15). Wait until the deletion has settled.
+	select {
+	case <-time.After(healSettle):
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.closeCh:
+		return broker.ErrClosed
+	}
+	if err := b.declareObjects(ctx, d); err != nil {
+		b.log.Error("nats: topology missing on the server; declaring it again failed", "seen", what, "err", err)
+		return err
+	}
+	b.healedAt = time.Now()
+	b.log.Warn("nats: topology missing on the server (stream or consumer deleted while in use?); declared it again and carrying on",
+		"seen", what, "exchange", exchange, "stream", d.names.stream)
 	return nil
 }
 
@@ -475,6 +560,7 @@ func (b *natsBroker) Subscribe(ctx context.Context, queue string, opts broker.Su
 	if b.closed {
 		return nil, broker.ErrClosed
 	}
+	b.subOpts[queue] = consumerOpts{ackWait: cfg.AckWait, maxAckPending: cfg.MaxAckPending}
 	b.subs[s] = struct{}{}
 	if opts.Ordered {
 		// The consumer delivers in stream order; hold back each key's

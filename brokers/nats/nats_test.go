@@ -99,6 +99,7 @@ func TestConformance(t *testing.T) {
 		DeleteTopology: func(ctx context.Context, t *testing.T, topo broker.Topology) {
 			deleteTopology(ctx, t, topo)
 		},
+		RemoveTopology: removeTopology,
 	})
 }
 
@@ -457,4 +458,25 @@ func TestInvalidMessagesRefused(t *testing.T) {
 	}
 	require.NotContains(t, failed, 0)
 	require.NotContains(t, failed, len(batch)-1)
+}
+
+// removeTopology deletes the streams of t's exchange (and so its
+// consumers) at once, as an operator could, and fails when it cannot.
+func removeTopology(ctx context.Context, t *testing.T, topo broker.Topology) error {
+	nc, err := natsgo.Connect(testenv.NATSURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	stream := nats.StreamName(topo.Exchange)
+	for _, s := range []string{stream, stream + "-dlq"} {
+		if err := js.DeleteStream(ctx, s); err != nil {
+			return fmt.Errorf("delete stream %s: %w", s, err)
+		}
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,6 +31,66 @@ import (
 // broker, not the message, failed. A publish confirmed as a duplicate
 // counts as confirmed.
 func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error {
+	start := time.Now()
+	err := b.publishBatch(ctx, msgs)
+	var pe *broker.PublishError
+	if !errors.As(err, &pe) || ctx.Err() != nil {
+		return err
+	}
+	// Messages no stream answered for, while the connection is up: the
+	// stream was deleted under us (an operator, a server reset without its
+	// data). Declare the topology again and publish them once more; they
+	// were not stored, so this duplicates nothing.
+	var again []int
+	for _, f := range pe.Failed {
+		if errors.Is(f.Err, errNoStream) {
+			again = append(again, f.Index)
+		}
+	}
+	b.mu.Lock()
+	d := b.current
+	b.mu.Unlock()
+	if len(again) == 0 || d == nil || !b.nc.IsConnected() {
+		return err
+	}
+	hctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	herr := b.healTopology(hctx, d.exchange, "publish: no stream answered", start)
+	cancel()
+	if herr != nil {
+		return err
+	}
+	sub := make([]*broker.Message, len(again))
+	for j, i := range again {
+		sub[j] = msgs[i]
+	}
+	err2 := b.publishBatch(ctx, sub)
+	failed2 := broker.FailedIndexes(err2, len(sub))
+	redone := map[int]error{}
+	for j, i := range again {
+		redone[i] = failed2[j] // nil when published this time
+	}
+	var failed []broker.FailedMessage
+	for _, f := range pe.Failed {
+		if e, ok := redone[f.Index]; ok {
+			if e == nil {
+				continue
+			}
+			f.Err = e
+		}
+		failed = append(failed, f)
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &broker.PublishError{Failed: failed}
+}
+
+// errNoStream marks a publish no stream answered for (wrapped in the
+// FailedMessage's error).
+var errNoStream = errors.New("no stream answered")
+
+// publishBatch is one attempt of Publish.
+func (b *natsBroker) publishBatch(ctx context.Context, msgs []*broker.Message) error {
 	b.mu.Lock()
 	closed, d := b.closed, b.current
 	b.mu.Unlock()
@@ -241,7 +302,7 @@ func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 	case errors.Is(err, natsgo.ErrMaxPayload):
 		return fmt.Errorf("%w: nats: publish %s: %v", broker.ErrMessageTooLarge, m.ID, err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
-		return fmt.Errorf("nats: publish %s: no stream answered (stream missing or JetStream not ready): %w", m.ID, err)
+		return fmt.Errorf("nats: publish %s: %w (stream missing or JetStream not ready): %w", m.ID, errNoStream, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: nats: publish %s: %v", broker.ErrNacked, m.ID, err)
 	}

@@ -128,7 +128,16 @@ func (s *subscription) maybeFetchLocked() {
 // subscription closes. shutdown unsubscribes the inbox, so the server
 // stops delivering to a request nobody listens to any more.
 func (s *subscription) fetch(n int) {
+	start := time.Now()
 	got, err := s.pull(n)
+	if err != nil && !s.b.isClosed() && s.b.nc.IsConnected() {
+		// The consumer or its stream may have been deleted under us
+		// (409 Consumer Deleted, or no responders): declare them again
+		// if they are missing, instead of pulling forever in vain.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = s.b.healTopology(ctx, s.d.exchange, "pull: "+err.Error(), start)
+		cancel()
+	}
 	if err != nil {
 		s.mu.Lock()
 		first := !s.failing

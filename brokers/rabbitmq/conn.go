@@ -99,6 +99,7 @@ func (m *connMgr) run() {
 	defer m.r.wg.Done()
 	log := m.r.log.With("connection", m.role)
 	failures := 0
+	lost := false // a connection was lost and not yet replaced
 	for {
 		if m.r.closed.Load() {
 			return
@@ -106,7 +107,7 @@ func (m *connMgr) run() {
 		conn, err := m.dial()
 		if err == nil {
 			if t := m.r.topology(); t != nil {
-				if derr := declareOn(conn, *t); derr != nil {
+				if derr := declareOn(conn, *t, m.r.cfg.QueueType); derr != nil {
 					// The topology was accepted before; a refusal now is
 					// logged, and the connection used for what still works.
 					log.Error("rabbitmq: re-declare after reconnect failed", "err", derr)
@@ -126,11 +127,14 @@ func (m *connMgr) run() {
 			}
 			continue
 		}
-		if failures > 0 {
-			log.Info("rabbitmq: reconnected", "after_attempts", failures)
+		if lost || failures > 0 {
+			// Every "connection lost" is followed by one "reconnected",
+			// also when the first dial succeeds.
+			log.Info("rabbitmq: reconnected", "dial_attempts", failures+1)
 		}
 		failures = 0
-		lost := conn.NotifyClose(make(chan *amqp.Error, 1))
+		lost = false
+		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 		m.mu.Lock()
 		m.conn = conn
 		m.lastErr = nil
@@ -138,7 +142,8 @@ func (m *connMgr) run() {
 		m.mu.Unlock()
 
 		select {
-		case e := <-lost:
+		case e := <-closed:
+			lost = true
 			if e != nil {
 				log.Warn("rabbitmq: connection lost; reconnecting", "err", e)
 			} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,18 +97,10 @@ var _ broker.Subscription = (*subscription)(nil)
 // subscription stops until every delivery handed out from it is settled.
 type consumerChan struct {
 	ch          *amqp.Channel
-	closeReason chan *amqp.Error // the server's reason when it closes ch (NotifyClose)
 	mu          sync.Mutex
 	outstanding int
 	retiring    bool // the subscription stopped consuming on it
 	closedOnce  sync.Once
-}
-
-// outstandingNow returns the deliveries handed out and not yet settled.
-func (c *consumerChan) outstandingNow() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.outstanding
 }
 
 func (c *consumerChan) handedOut() {
@@ -126,6 +119,13 @@ func (c *consumerChan) settled() {
 	if closeNow {
 		c.close()
 	}
+}
+
+// idle reports whether no delivery handed out from c is unsettled.
+func (c *consumerChan) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.outstanding <= 0
 }
 
 func (c *consumerChan) retire() {
@@ -172,8 +172,22 @@ func (s *subscription) run() {
 		if err != nil {
 			return // closed
 		}
-		ch, msgs, tag, err := s.consume(conn, &tagSeq)
+		consumeAt := time.Now()
+		ch, msgs, tag, watch, err := s.consume(conn, &tagSeq)
 		if err != nil {
+			if isAMQPCode(err, amqp.NotFound) && !conn.IsClosed() && failures < 3 {
+				// The queue is gone although the connection is up (deleted
+				// by an operator): declare the topology again and consume
+				// at once, instead of waiting for a reconnect that never
+				// comes.
+				failures++
+				hctx, hcancel := r.opContext(context.Background())
+				herr := r.healTopology(hctx, err.Error(), consumeAt)
+				hcancel()
+				if herr == nil {
+					continue
+				}
+			}
 			s.signalStarted(err)
 			if !conn.IsClosed() {
 				if failures%20 == 0 {
@@ -188,40 +202,84 @@ func (s *subscription) run() {
 		}
 		failures = 0
 		s.signalStarted(nil)
-		cc := &consumerChan{ch: ch, closeReason: ch.NotifyClose(make(chan *amqp.Error, 1))}
-		if !s.pump(cc, msgs, tag) {
+		cc := &consumerChan{ch: ch}
+		again, orphaned := s.pump(conn, cc, msgs, tag)
+		if !again {
 			return
 		}
-		select {
-		case e, ok := <-cc.closeReason:
-			if ok && e != nil && !conn.IsClosed() {
-				// E.g. 406 PRECONDITION_FAILED "delivery acknowledgement
-				// on channel 1 timed out" (consumer_timeout).
-				log.Warn("rabbitmq: the server closed the consumer channel; consuming again on a new channel, its unsettled deliveries will be redelivered and their settlements fail",
-					"code", e.Code, "reason", e.Reason, "outstanding", cc.outstandingNow())
-			}
-		default:
+		if orphaned {
+			continue // the channel is retired, not closed: consume at once
 		}
 		// The channel or connection was lost (or the server cancelled the
 		// consumer, e.g. the queue was deleted): close what is left and
 		// consume again.
 		cc.close()
-		if !conn.IsClosed() {
-			if !r.subMgr.sleep(r.cfg.ReconnectDelay) {
-				return
-			}
+		if conn.IsClosed() {
+			continue // the connection manager logs the loss
+		}
+		if watch.cancelledByServer() {
+			log.Warn("rabbitmq: the broker cancelled the consumer (its queue was deleted?); declaring the topology again if it is missing and consuming again")
+			continue // consume at once; NOT_FOUND there re-declares
+		}
+		if e := watch.closeReason(); e != nil {
+			log.Warn("rabbitmq: the broker closed the consuming channel; deliveries not yet settled on it go back to the queue and are redelivered, settling them now fails; consuming again",
+				"code", e.Code, "reason", e.Reason, "hint", closeHint(e))
+		}
+		if !r.subMgr.sleep(r.cfg.ReconnectDelay) {
+			return
 		}
 	}
 }
 
-func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, <-chan amqp.Delivery, string, error) {
+// chanWatch holds what the server said when it closed a consuming channel
+// or cancelled its consumer.
+type chanWatch struct {
+	closed    chan *amqp.Error
+	cancelled chan string
+}
+
+func (w chanWatch) closeReason() *amqp.Error {
+	select {
+	case e := <-w.closed:
+		return e
+	default:
+		return nil
+	}
+}
+
+func (w chanWatch) cancelledByServer() bool {
+	select {
+	case _, ok := <-w.cancelled:
+		return ok
+	default:
+		return false
+	}
+}
+
+// closeHint says what a channel-closing error from the server means for
+// an operator.
+func closeHint(e *amqp.Error) string {
+	switch {
+	case e.Code == amqp.PreconditionFailed && strings.Contains(e.Reason, "timed out"):
+		return "a delivery stayed unacknowledged longer than the server's consumer_timeout (30 min by default): the handler was too slow; RabbitMQ redelivers the message; raise consumer_timeout or make the handler faster"
+	case e.Code == amqp.NotFound:
+		return "the queue was deleted while consumed; ferry declares it again"
+	default:
+		return "the channel is reopened and consuming resumes; unsettled messages are redelivered"
+	}
+}
+
+func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, <-chan amqp.Delivery, string, chanWatch, error) {
+	var watch chanWatch
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", s.q.Name, err)
+		return nil, nil, "", watch, fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", s.q.Name, err)
 	}
+	watch.closed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	watch.cancelled = ch.NotifyCancel(make(chan string, 1))
 	if err := ch.Qos(s.prefetch, 0, false); err != nil {
 		ch.Close()
-		return nil, nil, "", fmt.Errorf("rabbitmq: subscribe %s: basic.qos: %w", s.q.Name, err)
+		return nil, nil, "", watch, fmt.Errorf("rabbitmq: subscribe %s: basic.qos: %w", s.q.Name, err)
 	}
 	*seq++
 	tag := fmt.Sprintf("ferry-%s-%p-%d", s.q.Name, s, *seq)
@@ -231,33 +289,81 @@ func (s *subscription) consume(conn *amqp.Connection, seq *int) (*amqp.Channel, 
 	msgs, err := ch.Consume(s.q.Name, tag, false, false, false, false, nil)
 	if err != nil {
 		ch.Close()
-		return nil, nil, "", fmt.Errorf("rabbitmq: subscribe %s: basic.consume: %w", s.q.Name, err)
+		return nil, nil, "", watch, fmt.Errorf("rabbitmq: subscribe %s: basic.consume: %w", s.q.Name, err)
 	}
-	return ch, msgs, tag, nil
+	return ch, msgs, tag, watch, nil
 }
 
 // pump hands deliveries from msgs to Receive until msgs closes (returns
 // true: consume again) or the subscription stops (returns false).
-func (s *subscription) pump(cc *consumerChan, msgs <-chan amqp.Delivery, tag string) bool {
+//
+// When no delivery arrived for consumerCheckEvery and none handed out is
+// unsettled, it returns again and orphaned true after closing the channel,
+// so that the run loop registers a fresh consumer: RabbitMQ does not
+// always send basic.cancel when a consumed queue is deleted and declared
+// again at once (seen with quorum queues), and a passive declaration then
+// still finds the queue and counts a consumer, so the subscription would
+// wait forever on a consumer the server forgot. The refresh costs a few
+// AMQP frames per idle period and never raises the number of unsettled
+// deliveries above Prefetch, because it waits until none is unsettled.
+func (s *subscription) pump(conn *amqp.Connection, cc *consumerChan, msgs <-chan amqp.Delivery, tag string) (again, orphaned bool) {
+	check := time.NewTicker(consumerCheckEvery)
+	defer check.Stop()
+	last := time.Now()
 	for {
 		select {
 		case d, ok := <-msgs:
 			if !ok {
-				return true
+				return true, false
 			}
+			last = time.Now()
 			dl := s.newDelivery(cc, d)
 			select {
 			case s.out <- dl:
 			case <-s.closed:
 				_ = cc.ch.Nack(d.DeliveryTag, false, true)
 				s.stopConsuming(cc, msgs, tag)
-				return false
+				return false, false
 			}
+		case <-check.C:
+			if time.Since(last) < consumerCheckEvery || !cc.idle() {
+				continue
+			}
+			if why := s.consumerGone(conn); why != "" {
+				s.r.log.Warn("rabbitmq: the consumer is gone without a cancel from the broker; consuming again", "queue", s.q.Name, "why", why)
+			}
+			cc.retire() // nothing unsettled: closes the channel now
+			return true, true
 		case <-s.closed:
 			s.stopConsuming(cc, msgs, tag)
-			return false
+			return false, false
 		}
 	}
+}
+
+// consumerCheckEvery is how long a subscription may go without a delivery
+// before it checks that its consumer still exists (see pump).
+const consumerCheckEvery = 5 * time.Second
+
+// consumerGone reports why the subscription's consumer no longer exists
+// on the server ("" when it may): its queue is missing, or the queue counts
+// no consumer. It uses a passive declaration on a channel of its own.
+func (s *subscription) consumerGone(conn *amqp.Connection) string {
+	ch, err := conn.Channel()
+	if err != nil {
+		return ""
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(s.q.Name, true, false, false, false, nil)
+	switch {
+	case isAMQPCode(err, amqp.NotFound):
+		return "its queue no longer exists"
+	case err != nil:
+		return ""
+	case q.Consumers == 0:
+		return "its queue counts no consumer"
+	}
+	return ""
 }
 
 // stopConsuming cancels the consumer, returns the prefetched deliveries
@@ -496,7 +602,7 @@ func (d *delivery) moveTo(ctx context.Context, op, queue string, h amqp.Table) e
 		Type:            d.msg.Type,
 		Body:            d.d.Body,
 	}
-	errs, err := r.publishConfirmed(ctx, []outgoing{{exchange: "", key: queue, pub: pub}})
+	errs, err := r.publishHealing(ctx, []outgoing{{exchange: "", key: queue, pub: pub}})
 	if err == nil {
 		err = errs[0]
 	}

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -75,7 +76,7 @@ func (q *dlq) scan(ctx context.Context, op string, limit int, settle func(ctx co
 	defer ch.Close()
 	// Passive declarations only look: a missing queue is a 404 that
 	// closes this throwaway channel, and nothing is created.
-	info, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
+	_, err = ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
 	if err != nil {
 		if isAMQPCode(err, amqp.NotFound) {
 			return fmt.Errorf("rabbitmq: dlq %s: %s: %w: no queue %q on the server (its DLQ %q does not exist)", q.name, op, broker.ErrUnknownQueue, q.q.Name, q.name)
@@ -92,12 +93,13 @@ func (q *dlq) scan(ctx context.Context, op string, limit int, settle func(ctx co
 			return fmt.Errorf("rabbitmq: dlq %s: %s: queue %q: %w", q.name, op, q.q.Name, q.r.closedErr(err))
 		}
 	}
-	n := info.Messages
-	if limit > 0 && limit < n {
-		n = limit
-	}
+	// The count of a passive declaration is a snapshot that a quorum
+	// queue updates only periodically (it may say 1 for 3 messages just
+	// confirmed), so it bounds nothing: take messages until the queue
+	// answers empty (basic.get-empty) or limit is reached; the ones taken
+	// stay unacknowledged on this channel, so none comes twice.
 	var msgs []got
-	for len(msgs) < n {
+	for limit <= 0 || len(msgs) < limit {
 		if err := ctx.Err(); err != nil {
 			return q.r.closedErr(err)
 		}
@@ -121,10 +123,18 @@ func (q *dlq) scan(ctx context.Context, op string, limit int, settle func(ctx co
 	return settle(ctx, ch, msgs)
 }
 
-// List implements broker.DeadLetterQueue.
+// List implements broker.DeadLetterQueue. Oldest first means by
+// HeaderDeadAt: a quorum queue serves the messages an earlier List (or a
+// closed channel) returned before the others, in no fixed order, so the
+// queue's own order is not the dead-lettering order; with quorum queues
+// List therefore reads the whole DLQ and sorts it before applying limit.
 func (q *dlq) List(ctx context.Context, limit int) ([]broker.DeadMessage, error) {
 	var out []broker.DeadMessage
-	err := q.scan(ctx, "list", limit, func(_ context.Context, _ *amqp.Channel, msgs []got) error {
+	scanLimit := limit
+	if q.r.cfg.QueueType == QueueTypeQuorum {
+		scanLimit = 0
+	}
+	err := q.scan(ctx, "list", scanLimit, func(_ context.Context, _ *amqp.Channel, msgs []got) error {
 		for _, g := range msgs {
 			out = append(out, g.dm)
 		}
@@ -132,6 +142,13 @@ func (q *dlq) List(ctx context.Context, limit int) ([]broker.DeadMessage, error)
 	})
 	if err != nil {
 		return nil, err
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i].DeadAt, out[j].DeadAt
+		return !a.IsZero() && !b.IsZero() && a.Before(b)
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
 	return out, nil
 }

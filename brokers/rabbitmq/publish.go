@@ -158,6 +158,56 @@ func (r *rabbit) publishConfirmed(ctx context.Context, items []outgoing) ([]erro
 	}
 }
 
+// publishHealing is publishConfirmed, plus the repair of a topology that
+// disappeared while the connection stayed up: items that failed because
+// the exchange is missing (the channel closed with NOT_FOUND) or that came
+// back unroutable although the remembered topology routes them (their
+// queue was deleted) are published once more after healTopology declared
+// the topology again. They were not stored, so publishing them again
+// duplicates nothing. Without this a relay would park such rows as
+// unroutable until the next reconnect.
+func (r *rabbit) publishHealing(ctx context.Context, items []outgoing) ([]error, error) {
+	start := time.Now()
+	errs, err := r.publishConfirmed(ctx, items)
+	if err != nil {
+		return errs, err
+	}
+	var again []int
+	what := ""
+	for i, e := range errs {
+		switch {
+		case e == nil:
+		case isAMQPCode(e, amqp.NotFound):
+			again = append(again, i)
+			what = e.Error()
+		case errors.Is(e, broker.ErrUnroutable) && r.knownRoute(items[i].exchange, items[i].key):
+			again = append(again, i)
+			if what == "" {
+				what = e.Error()
+			}
+		}
+	}
+	if len(again) == 0 || ctx.Err() != nil {
+		return errs, nil
+	}
+	if herr := r.healTopology(ctx, what, start); herr != nil {
+		return errs, nil // logged; the items keep their first errors
+	}
+	retry := make([]outgoing, len(again))
+	for j, i := range again {
+		retry[j] = items[i]
+	}
+	errs2, err := r.publishConfirmed(ctx, retry)
+	for j, i := range again {
+		if err != nil {
+			errs[i] = err
+		} else {
+			errs[i] = errs2[j]
+		}
+	}
+	return errs, nil
+}
+
 // send publishes items on pc and waits for their confirms. healthy is false
 // when the channel must not be reused (closed, or confirms still pending).
 func (pc *pubChan) send(ctx context.Context, items []outgoing) (errs []error, healthy bool) {
@@ -232,15 +282,18 @@ confirms:
 		}
 		if !dc.Acked() {
 			if pc.ch.IsClosed() {
-				reason := "channel closed"
+				var closeErr *amqp.Error
 				select {
-				case e := <-pc.closed:
-					if e != nil {
-						reason = e.Error()
-					}
+				case closeErr = <-pc.closed:
 				default:
 				}
-				errs[i] = fmt.Errorf("rabbitmq: publish: no confirm before the channel closed (%s): %w", reason, amqp.ErrClosed)
+				if closeErr != nil {
+					// Wrapped, so callers can tell a missing exchange
+					// (NOT_FOUND) from a lost connection.
+					errs[i] = fmt.Errorf("rabbitmq: publish: no confirm before the channel closed (%w): %w", closeErr, amqp.ErrClosed)
+				} else {
+					errs[i] = fmt.Errorf("rabbitmq: publish: no confirm before the channel closed: %w", amqp.ErrClosed)
+				}
 				healthy = false
 			} else {
 				errs[i] = fmt.Errorf("rabbitmq: publish: %w", broker.ErrNacked)
@@ -310,7 +363,7 @@ func (r *rabbit) Publish(ctx context.Context, msgs []*broker.Message) error {
 		index = append(index, i)
 	}
 	if len(items) > 0 {
-		errs, err := r.publishConfirmed(ctx, items)
+		errs, err := r.publishHealing(ctx, items)
 		if err != nil {
 			if len(failed) == 0 {
 				return err

@@ -1,52 +1,3 @@
-// Package rabbitmq is ferry's reference broker adapter, for RabbitMQ over
-// AMQP 0-9-1 (github.com/rabbitmq/amqp091-go).
-//
-// # Mapping
-//
-// A broker.Topology becomes one durable topic exchange and, per queue, a
-// durable work queue bound to it with the queue's routing-key patterns
-// ('*' and '#' as in AMQP topic exchanges), a durable DLQ named
-// Queue.Name+".dlq" and one durable retry queue per retry level named
-// Queue.Name+".retry.<i>". A retry queue has the level's delay as its
-// x-message-ttl and dead-letters expired messages through the default
-// exchange with the work queue's name as routing key
-// (x-dead-letter-exchange "", x-dead-letter-routing-key <queue>), so a
-// retried message comes back only to the queue it failed in, never to the
-// other queues bound to its type. A per-queue TTL is used rather than a
-// per-message expiration because RabbitMQ expires messages only at the head
-// of a queue (https://www.rabbitmq.com/docs/ttl#per-message-ttl-caveats):
-// with one queue per level every message in it has the same delay.
-//
-// Publish uses publisher confirms on a small pool of channels, persistent
-// delivery mode and the mandatory flag: a message no queue is bound to is
-// returned by the server (basic.return before its basic.ack) and reported as
-// broker.ErrUnroutable for its batch index. A batch is pipelined: every
-// message is written, then every confirm awaited.
-//
-// The message travels as: AMQP message-id = Message.ID, AMQP type =
-// Message.Type (also the routing key of the first publish; retries travel
-// through the default exchange, so the type is read back from the property),
-// the header "x-ferry-key" = Message.Key, and the other headers as AMQP
-// string headers. The attempt number is carried in ferry's own header
-// x-retry-count; RabbitMQ's x-death header is never read
-// (broker.HeaderRetryCount).
-//
-// # Connections
-//
-// The adapter keeps two AMQP connections, one for publishing (and Declare
-// and the DLQ operations) and one for consuming, as RabbitMQ recommends so
-// that flow control on publishers does not stall consumers
-// (https://www.rabbitmq.com/docs/connections#flow-control). amqp091-go does
-// not reconnect by itself (its experimental Recovery is left off); the
-// adapter redials every Config.ReconnectDelay after a connection loss,
-// re-declares the remembered topology and resumes every subscription.
-// Deliveries unsettled at the loss are redelivered by RabbitMQ; settling
-// them afterwards returns an error.
-//
-// Capabilities: no native delay (retry levels), ordering within a queue,
-// wildcard bindings, messages up to Config.MaxMessageBytes (RabbitMQ's
-// max_message_size, 128 MiB by default since 3.8), no replay of consumed
-// messages, redeliveries not counted as attempts.
 package rabbitmq
 
 import (
@@ -56,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +43,27 @@ const (
 	// long a silently dead connection goes unnoticed (twice the interval).
 	DefaultHeartbeat = 10 * time.Second
 )
+
+// Queue types of Config.QueueType (RabbitMQ's x-queue-type,
+// https://www.rabbitmq.com/docs/quorum-queues).
+const (
+	// QueueTypeClassic declares classic queues: one copy on one node.
+	QueueTypeClassic = "classic"
+	// QueueTypeQuorum declares quorum queues: replicated with Raft, the
+	// data-safe type RabbitMQ recommends for durable queues.
+	QueueTypeQuorum = "quorum"
+)
+
+// QuorumDeliveryLimit is the x-delivery-limit ferry sets on quorum queues:
+// 2^31-1, in effect no limit. A quorum queue counts every return of a
+// delivery (a lost channel or connection, a consumer_timeout, a closed
+// subscription returning its prefetched messages, a DLQ List) and drops a
+// message past its delivery limit, which is 20 by default from RabbitMQ
+// 4.0 (none in 3.x). ferry counts attempts itself and moves a message to
+// its DLQ with the reason, so no broker-side limit may drop it. -1 means
+// "unlimited" only from RabbitMQ 4.0 on (3.10 accepts it as a plain
+// number); 2^31-1 means the same on every version.
+const QuorumDeliveryLimit = math.MaxInt32
 
 // MaxRetryDelay is the longest retry level: x-message-ttl is an unsigned
 // 32-bit count of milliseconds (https://www.rabbitmq.com/docs/ttl).
@@ -135,6 +108,13 @@ type Config struct {
 	// (ConnectionName+"-publish", ConnectionName+"-consume"). Defaults to
 	// "ferry".
 	ConnectionName string
+	// QueueType is the type of every queue Declare creates, the work queue,
+	// its retry levels and its DLQ alike: QueueTypeClassic or
+	// QueueTypeQuorum. Defaults to QueueTypeClassic. A queue that exists
+	// with the other type is refused with broker.ErrTopologyMismatch: the
+	// type of a queue cannot change, delete it (after draining it) to
+	// switch. See the package doc for the arguments each type gets.
+	QueueType string
 	// Logger receives connection losses and reconnections. Defaults to
 	// slog.Default(). The adapter adds the attribute broker=rabbitmq to
 	// every line, so do not add a "broker" attribute to Logger yourself.
@@ -172,6 +152,9 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.QueueType == "" {
+		c.QueueType = QueueTypeClassic
+	}
 	return c
 }
 
@@ -194,6 +177,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("rabbitmq: Config.MaxHeaderBytes %d: want 1..%d (one AMQP frame)", c.MaxHeaderBytes, 120<<10)
 	case c.Heartbeat < 0:
 		return fmt.Errorf("rabbitmq: Config.Heartbeat %v: must not be negative", c.Heartbeat)
+	case c.QueueType != QueueTypeClassic && c.QueueType != QueueTypeQuorum:
+		return fmt.Errorf("rabbitmq: Config.QueueType %q: want %q or %q", c.QueueType, QueueTypeClassic, QueueTypeQuorum)
 	}
 	return nil
 }
@@ -224,6 +209,9 @@ type rabbit struct {
 	closeOnce sync.Once
 	closed    atomic.Bool
 	wg        sync.WaitGroup // connection managers
+
+	healMu   sync.Mutex // one re-declaration of missing topology at a time
+	healedAt time.Time  // when the last one finished, under healMu
 
 	mu     sync.Mutex
 	topo   *broker.Topology // merged topology of every Declare, nil before the first
@@ -325,7 +313,7 @@ func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare: %w", err)
 	}
-	if err := declareOn(conn, t); err != nil {
+	if err := declareOn(conn, t, r.cfg.QueueType); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -381,15 +369,33 @@ func QueueNames(q broker.Queue) []string {
 	return append(names, broker.DLQName(q.Name))
 }
 
+// queueArgs are the arguments every queue of type qt gets: its
+// x-queue-type and, for quorum queues, QuorumDeliveryLimit.
+func queueArgs(qt string) amqp.Table {
+	if qt == QueueTypeQuorum {
+		return amqp.Table{"x-queue-type": QueueTypeQuorum, "x-delivery-limit": int64(QuorumDeliveryLimit)}
+	}
+	return amqp.Table{"x-queue-type": QueueTypeClassic}
+}
+
 // retryQueueArgs are the arguments of a retry level: the level's delay as
 // per-queue message TTL, then dead-lettering through the default exchange
-// straight to the work queue (https://www.rabbitmq.com/docs/dlx).
-func retryQueueArgs(queue string, delay time.Duration) amqp.Table {
-	return amqp.Table{
-		"x-message-ttl":             ttlMillis(delay),
-		"x-dead-letter-exchange":    "",
-		"x-dead-letter-routing-key": queue,
+// straight to the work queue (https://www.rabbitmq.com/docs/dlx). A quorum
+// retry level dead-letters at least once (x-dead-letter-strategy
+// at-least-once, which requires x-overflow reject-publish): the expired
+// message leaves the retry queue only once the work queue confirmed it,
+// where the default at-most-once strategy could lose it
+// (https://www.rabbitmq.com/docs/quorum-queues#dead-lettering).
+func retryQueueArgs(qt, queue string, delay time.Duration) amqp.Table {
+	args := queueArgs(qt)
+	args["x-message-ttl"] = ttlMillis(delay)
+	args["x-dead-letter-exchange"] = ""
+	args["x-dead-letter-routing-key"] = queue
+	if qt == QueueTypeQuorum {
+		args["x-dead-letter-strategy"] = "at-least-once"
+		args["x-overflow"] = "reject-publish"
 	}
+	return args
 }
 
 func ttlMillis(d time.Duration) int64 {
@@ -402,7 +408,7 @@ func ttlMillis(d time.Duration) int64 {
 
 // declareOn declares t on conn, on a channel of its own (a refused
 // declaration closes the channel).
-func declareOn(conn *amqp.Connection, t broker.Topology) error {
+func declareOn(conn *amqp.Connection, t broker.Topology, qt string) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare: open channel: %w", err)
@@ -417,17 +423,17 @@ func declareOn(conn *amqp.Connection, t broker.Topology) error {
 	}
 	for _, q := range t.Queues {
 		dlq := broker.DLQName(q.Name)
-		if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
-			return queueDeclareError(dlq, "", err)
+		if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(qt)); err != nil {
+			return queueDeclareError(dlq, "", qt, err)
 		}
 		for i, d := range q.Delays() {
 			name := retryQueueName(q.Name, i)
-			if _, err := ch.QueueDeclare(name, true, false, false, false, retryQueueArgs(q.Name, d)); err != nil {
-				return queueDeclareError(name, fmt.Sprintf("retry level %d, x-message-ttl %dms", i, ttlMillis(d)), err)
+			if _, err := ch.QueueDeclare(name, true, false, false, false, retryQueueArgs(qt, q.Name, d)); err != nil {
+				return queueDeclareError(name, fmt.Sprintf("retry level %d, x-message-ttl %dms", i, ttlMillis(d)), qt, err)
 			}
 		}
-		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, nil); err != nil {
-			return queueDeclareError(q.Name, "", err)
+		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, queueArgs(qt)); err != nil {
+			return queueDeclareError(q.Name, "", qt, err)
 		}
 		for _, b := range q.Bindings {
 			if err := ch.QueueBind(q.Name, b, t.Exchange, false, nil); err != nil {
@@ -442,7 +448,7 @@ func declareOn(conn *amqp.Connection, t broker.Topology) error {
 // PRECONDITION_FAILED (406) refusal means the queue exists with other
 // arguments or flags (RabbitMQ's message names the argument and both
 // values); it wraps broker.ErrTopologyMismatch and says how to fix it.
-func queueDeclareError(name, what string, err error) error {
+func queueDeclareError(name, what, qt string, err error) error {
 	desc := fmt.Sprintf("queue %q", name)
 	if what != "" {
 		desc = fmt.Sprintf("retry queue %q (%s)", name, what)
@@ -451,10 +457,113 @@ func queueDeclareError(name, what string, err error) error {
 		return fmt.Errorf("rabbitmq: declare %s: %w", desc, err)
 	}
 	fix := "the queue exists with other settings: delete it (the next declaration re-creates it) or use another queue name"
-	if what != "" {
+	var ae *amqp.Error
+	errors.As(err, &ae)
+	switch {
+	case ae != nil && strings.Contains(ae.Reason, "x-queue-type"):
+		other := QueueTypeQuorum
+		if qt == QueueTypeQuorum {
+			other = QueueTypeClassic
+		}
+		fix = fmt.Sprintf("the queue exists as a %s queue (or was declared without a type) and ferry is configured for %s queues (--rabbitmq-queue-type %s); a queue's type cannot change: use --rabbitmq-queue-type %s, or drain and delete the queue and its .retry.<i> and .dlq queues so they are declared again as %s queues",
+			other, qt, qt, other, qt)
+	case ae != nil && strings.Contains(ae.Reason, "x-delivery-limit"):
+		fix = fmt.Sprintf("the quorum queue exists with another x-delivery-limit (a policy or another client set it); ferry sets %d so that RabbitMQ never drops a message ferry means to retry: delete the queue (after draining it) to declare it again", QuorumDeliveryLimit)
+	case what != "":
 		fix = fmt.Sprintf("every process declaring this queue must use the same retry delays (ferry: the same --retry-delay); to change them, delete %q and its other .retry.<i> queues (messages waiting in them are lost)", name)
 	}
 	return fmt.Errorf("rabbitmq: declare %s: %w: %w; %s", desc, broker.ErrTopologyMismatch, err, fix)
+}
+
+// healTopology declares the remembered topology again because a part of
+// it is missing on the server (deleted by an operator, or a broker reset
+// without its data) although the connection stayed up: seen at what
+// (basic.consume NOT_FOUND, a publish to a missing exchange, a message
+// returned unroutable that a remembered binding routes). seenAt is when
+// the caller started the operation that failed: a re-declaration finished
+// since then already repaired what it saw, so concurrent callers cause one
+// re-declaration, not one each.
+func (r *rabbit) healTopology(ctx context.Context, what string, seenAt time.Time) error {
+	r.healMu.Lock()
+	defer r.healMu.Unlock()
+	if r.healedAt.After(seenAt) {
+		return nil
+	}
+	t := r.topology()
+	if t == nil {
+		return nil
+	}
+	if r.cfg.QueueType == QueueTypeQuorum {
+		// RabbitMQ removes a deleted quorum queue's Raft members after
+		// queue.delete returned; a queue of the same name declared at once
+		// can lose the messages it confirms meanwhile (seen on 3.10).
+		// Let the deletion settle first.
+		t := time.NewTimer(quorumHealSettle)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		conn, err := r.pubMgr.current(ctx)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: re-declare the missing topology: %w", err)
+		}
+		err = declareOn(conn, *t, r.cfg.QueueType)
+		if err == nil {
+			break
+		}
+		// NOT_FOUND while declaring: an object was deleted between two
+		// declarations of this run (the operator is still deleting);
+		// declare everything again, a few times.
+		if !isAMQPCode(err, amqp.NotFound) || attempt == 5 || ctx.Err() != nil {
+			r.log.Error("rabbitmq: topology missing on the server; declaring it again failed", "seen", what, "err", err)
+			return err
+		}
+		time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+	}
+	r.healedAt = time.Now()
+	r.log.Warn("rabbitmq: topology missing on the server (deleted while in use?); declared it again and carrying on",
+		"seen", what, "exchange", t.Exchange, "queues", len(t.Queues))
+	return nil
+}
+
+// quorumHealSettle is how long healTopology waits before it declares
+// missing quorum queues again.
+const quorumHealSettle = time.Second
+
+// knownRoute reports whether the remembered topology routes a message
+// published to exchange with key: a binding of a declared queue matches
+// key on the declared exchange, or, on the default exchange, key names a
+// declared work, retry or dead-letter queue. A message returned
+// unroutable although knownRoute holds means the topology is missing.
+func (r *rabbit) knownRoute(exchange, key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.topo == nil {
+		return false
+	}
+	for _, q := range r.topo.Queues {
+		if exchange == "" {
+			for _, n := range QueueNames(q) {
+				if n == key {
+					return true
+				}
+			}
+			continue
+		}
+		if exchange != r.topo.Exchange {
+			continue
+		}
+		for _, b := range q.Bindings {
+			if broker.MatchRoutingKey(b, key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // topology returns a copy of the merged topology, or nil.

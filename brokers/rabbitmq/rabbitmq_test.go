@@ -1,13 +1,16 @@
 package rabbitmq_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,12 +67,46 @@ func deleteTopology(ctx context.Context, t testing.TB, tp broker.Topology) {
 	}
 }
 
-func TestConformance(t *testing.T) {
+// removeTopology deletes tp's queues, then its exchange, on a connection
+// of its own, as an operator could; it fails when a deletion fails.
+func removeTopology(ctx context.Context, t *testing.T, tp broker.Topology) error {
+	conn, err := amqp.Dial(testenv.RabbitMQURL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	for _, q := range tp.Queues {
+		for _, n := range rabbitmq.QueueNames(q) {
+			if _, err := ch.QueueDelete(n, false, false, false); err != nil {
+				return fmt.Errorf("delete queue %s: %w", n, err)
+			}
+		}
+	}
+	if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
+		return fmt.Errorf("delete exchange %s: %w", tp.Exchange, err)
+	}
+	return nil
+}
+
+func TestConformance(t *testing.T) { runConformance(t, rabbitmq.QueueTypeClassic) }
+
+// TestConformanceQuorum runs the suite with quorum queues
+// (Config.QueueType).
+func TestConformanceQuorum(t *testing.T) { runConformance(t, rabbitmq.QueueTypeQuorum) }
+
+func runConformance(t *testing.T, queueType string) {
 	addr := testenv.HostPort(testenv.RabbitMQURL())
 	testenv.RequireTCP(t, "rabbitmq", addr)
 	brokertest.RunConformance(t, brokertest.Harness{
 		New: func(ctx context.Context, t *testing.T) (broker.Broker, error) {
-			return rabbitmq.New(ctx, config())
+			cfg := config()
+			cfg.QueueType = queueType
+			return rabbitmq.New(ctx, cfg)
 		},
 		StopServer: func(t *testing.T) {
 			testenv.Services(t, "stop", "rabbitmq")
@@ -84,6 +121,7 @@ func TestConformance(t *testing.T) {
 			testenv.RequireTCP(t, "rabbitmq", addr)
 		},
 		DeleteTopology: func(ctx context.Context, t *testing.T, tp broker.Topology) { deleteTopology(ctx, t, tp) },
+		RemoveTopology: removeTopology,
 	})
 }
 
@@ -200,6 +238,81 @@ func TestDefaultRetryDelay(t *testing.T) {
 	require.Equal(t, float64(30000), rq.Arguments["x-message-ttl"])
 }
 
+// TestQuorumQueueArguments checks what Declare sets on quorum queues, as
+// the management plugin shows it: every queue is a quorum queue with a
+// delivery limit no redelivery storm reaches (RabbitMQ 4.x would drop a
+// message after 20 returns by default), and retry levels dead-letter at
+// least once.
+func TestQuorumQueueArguments(t *testing.T) {
+	cfg := config()
+	cfg.QueueType = rabbitmq.QueueTypeQuorum
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := rabbitmq.New(ctx, cfg)
+	require.NoError(t, err)
+	defer b.Close()
+	tp := topology(t, 200*time.Millisecond)
+	require.NoError(t, b.Declare(ctx, tp))
+	for _, name := range rabbitmq.QueueNames(tp.Queues[0]) {
+		var q mgmtQueue
+		require.Equal(t, http.StatusOK, mgmt(t, "/api/queues/%2F/"+url.PathEscape(name), &q), name)
+		require.Equal(t, "quorum", q.Arguments["x-queue-type"], name)
+		require.Equal(t, float64(rabbitmq.QuorumDeliveryLimit), q.Arguments["x-delivery-limit"], name)
+		if strings.Contains(name, ".retry.") {
+			require.Equal(t, "at-least-once", q.Arguments["x-dead-letter-strategy"], name)
+			require.Equal(t, "reject-publish", q.Arguments["x-overflow"], name)
+		}
+		require.NotContains(t, q.Arguments, "x-max-length", name)
+	}
+	// A message retried through a quorum retry level comes back.
+	sub, err := b.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "q1", Type: "order.created", Body: []byte("{}")}}))
+	d, err := sub.Receive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, d.Retry(ctx, 0, "again"))
+	d, err = sub.Receive(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, d.Message().Attempt)
+	require.NoError(t, d.Ack(ctx))
+}
+
+// TestQueueTypeMismatch: declaring queues that exist with the other type
+// is a permanent refusal that says how to fix it, both ways.
+func TestQueueTypeMismatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct{ first, second string }{
+		{rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum},
+		{rabbitmq.QueueTypeQuorum, rabbitmq.QueueTypeClassic},
+	} {
+		tp := topology(t, time.Second)
+		cfg := config()
+		cfg.QueueType = c.first
+		b1, err := rabbitmq.New(ctx, cfg)
+		require.NoError(t, err)
+		require.NoError(t, b1.Declare(ctx, tp))
+		b1.Close()
+		cfg.QueueType = c.second
+		b2, err := rabbitmq.New(ctx, cfg)
+		require.NoError(t, err)
+		err = b2.Declare(ctx, tp)
+		b2.Close()
+		require.ErrorIs(t, err, broker.ErrTopologyMismatch, "%s then %s", c.first, c.second)
+		require.Contains(t, err.Error(), "--rabbitmq-queue-type "+c.first, "says which setting matches the queue")
+		require.Contains(t, err.Error(), "x-queue-type")
+	}
+}
+
+// TestQueueTypeInvalid: an unknown queue type is refused by New.
+func TestQueueTypeInvalid(t *testing.T) {
+	cfg := config()
+	cfg.QueueType = "stream"
+	_, err := rabbitmq.New(context.Background(), cfg)
+	require.ErrorContains(t, err, "Config.QueueType")
+}
+
 // TestDeclareChangedRetryDelayRefused: RabbitMQ refuses to redeclare a
 // retry level with another TTL; the error names the queue.
 func TestDeclareChangedRetryDelayRefused(t *testing.T) {
@@ -286,6 +399,8 @@ func TestReconnectAfterServerClosesConnections(t *testing.T) {
 	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
 	cfg := config()
 	cfg.ConnectionName = testenv.UniqueName("ferry-reconnect")
+	logs := &lockedBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	b, err := rabbitmq.New(context.Background(), cfg)
 	require.NoError(t, err)
 	defer b.Close()
@@ -344,6 +459,38 @@ func TestReconnectAfterServerClosesConnections(t *testing.T) {
 		seen[d.Message().ID] = true
 		require.NoError(t, d.Ack(ctx))
 	}
+	// Each "connection lost" is followed by a "reconnected" for the same
+	// connection, also when the first dial after the loss succeeds.
+	for _, role := range []string{"publish", "consume"} {
+		var lines []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "connection="+role) && (strings.Contains(l, "connection lost") || strings.Contains(l, "reconnected")) {
+				lines = append(lines, l)
+			}
+		}
+		require.NotEmpty(t, lines, "no connection lost line for the %s connection:\n%s", role, logs.String())
+		require.Contains(t, lines[0], "connection lost", role)
+		require.Contains(t, lines[len(lines)-1], "rabbitmq: reconnected", "the %s connection's loss is followed by reconnected:\n%s", role, strings.Join(lines, "\n"))
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writes (a logger's
+// handler writes from the adapter's goroutines).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestNewUnreachable: New fails within its ctx when nothing listens, and

@@ -48,6 +48,16 @@ export HOME=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
 export LC_ALL=C.UTF-8 LANG=C.UTF-8 2>/dev/null || true
 
 say() { printf 'services: %s\n' "$*" >&2; }
+
+# checkout_id: a name unique to this state folder (so to this checkout).
+# It names the RabbitMQ node and the NATS server, and makes the password of
+# every server this checkout runs (PostgreSQL, RabbitMQ, NATS), so that the
+# tests and commands of one checkout are refused by another checkout's
+# server when that server took a port this one freed (`stop`), instead of
+# silently talking to it. `env` prints the credentials and the names the
+# tests check (internal/testenv).
+checkout_id() { echo "ferry-$(printf '%s' "$STATE" | cksum | cut -d' ' -f1)"; }
+CHECKOUT=$(checkout_id)
 die() {
 	printf 'services: error: %s\n' "$*" >&2
 	exit 1
@@ -365,15 +375,17 @@ start_postgres() {
 		as_pg bash -c "$CLOSE_FDS"'exec "$@"' pg_ctl "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "$opts" start </dev/null >/dev/null 2>&1 ||
 			fail_start postgres "$PGLOG" "pg_ctl start failed"
 	fi
-	# Provision: role ferry/ferry (may create databases: tests do) and
+	# Provision: role ferry with this checkout's password (may create
+	# databases: tests do), the setting ferry.checkout the tests check, and
 	# database ferry. Idempotent.
 	psql_admin -c "DO \$\$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ferry') THEN
-    CREATE ROLE ferry LOGIN CREATEDB PASSWORD 'ferry';
+    CREATE ROLE ferry LOGIN CREATEDB PASSWORD '$CHECKOUT';
   ELSE
-    ALTER ROLE ferry LOGIN CREATEDB PASSWORD 'ferry';
+    ALTER ROLE ferry LOGIN CREATEDB PASSWORD '$CHECKOUT';
   END IF;
-END \$\$;" || die "postgres: could not create role ferry"
+END \$\$;
+ALTER ROLE ferry SET ferry.checkout = '$CHECKOUT';" || die "postgres: could not create role ferry"
 	if [ "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = 'ferry'")" != 1 ]; then
 		psql_admin -c "CREATE DATABASE ferry OWNER ferry" || die "postgres: could not create database ferry"
 	fi
@@ -406,7 +418,10 @@ status_postgres() {
 	fi
 }
 
-env_postgres() { echo "export FERRY_DATABASE_URL=postgres://ferry:ferry@127.0.0.1:$(pg_port)/ferry"; }
+env_postgres() {
+	echo "export FERRY_DATABASE_URL=postgres://ferry:$CHECKOUT@127.0.0.1:$(pg_port)/ferry"
+	echo "export FERRY_POSTGRES_CHECKOUT=$CHECKOUT"
+}
 
 # ------------------------------------------------------------ rabbitmq
 
@@ -423,7 +438,7 @@ rmq_node() {
 	elif [ -s "$RMQ_DIR/nodename" ]; then
 		cat "$RMQ_DIR/nodename"
 	else
-		echo "ferry-$(printf '%s' "$STATE" | cksum | cut -d' ' -f1)@localhost"
+		echo "$CHECKOUT@localhost"
 	fi
 }
 
@@ -450,9 +465,37 @@ rmq_pid() {
 	return 0
 }
 
+# http_body PORT PATH [BASIC_AUTH_B64]: prints the body of GET.
+http_body() {
+	(
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		auth=""
+		[ -n "${3:-}" ] && auth="Authorization: Basic $3"$'\r\n'
+		printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1:%s\r\n%sConnection: close\r\n\r\n' "$2" "$1" "$auth" >&3
+		timeout 10 cat <&3 | sed '1,/^\r\{0,1\}$/d'
+	) 2>/dev/null
+}
+
+# rmq_ready: our node answers on our ports (a node of another checkout that
+# took a port is not ready: its name differs).
 rmq_ready() {
+	local body
 	tcp_ok "$(saved_port rabbitmq)" &&
-		[ "$(http_status "$(saved_port rabbitmq-management)" /api/overview "$RMQ_AUTH")" = 200 ]
+		body=$(http_body "$(saved_port rabbitmq-management)" /api/overview "$RMQ_AUTH") &&
+		grep -qF "\"node\":\"$(rmq_node)\"" <<<"$body"
+}
+
+# rmq_provision: this checkout's user (administrator, all permissions on
+# vhost /). guest stays for the CLI's default URL.
+rmq_provision() {
+	rmq_env
+	local ctl=$RMQ_BIN/rabbitmqctl
+	if "$ctl" -q authenticate_user "$CHECKOUT" "$CHECKOUT" >/dev/null 2>&1; then return 0; fi
+	say "rabbitmq: adding user $CHECKOUT"
+	"$ctl" -q add_user "$CHECKOUT" "$CHECKOUT" >/dev/null 2>&1 || "$ctl" -q change_password "$CHECKOUT" "$CHECKOUT" >/dev/null ||
+		die "rabbitmq: could not add user $CHECKOUT"
+	"$ctl" -q set_user_tags "$CHECKOUT" administrator >/dev/null || die "rabbitmq: could not tag user $CHECKOUT"
+	"$ctl" -q set_permissions -p / "$CHECKOUT" '.*' '.*' '.*' >/dev/null || die "rabbitmq: could not set permissions of $CHECKOUT"
 }
 
 start_rabbitmq() {
@@ -460,6 +503,7 @@ start_rabbitmq() {
 	if [ -n "$(rmq_pid)" ]; then
 		if rmq_ready; then
 			say "rabbitmq: already running on 127.0.0.1:$(saved_port rabbitmq)"
+			rmq_provision
 			return 0
 		fi
 	else
@@ -487,7 +531,7 @@ EOF
 	fi
 	local i
 	for i in $(seq $((START_TIMEOUT * 4))); do
-		rmq_ready && { say "rabbitmq: ready"; return 0; }
+		rmq_ready && { rmq_provision; say "rabbitmq: ready"; return 0; }
 		if [ "$i" -gt 40 ] && [ -z "$(rmq_pid)" ] && ! pid_alive "$(pidfile_pid "$RMQ_DIR/wrapper.pid")"; then
 			cat "$STATE/rabbitmq.out" >>"$RMQ_LOG" 2>/dev/null || true
 			fail_start rabbitmq "$RMQ_LOG" "the node exited during start (see also $STATE/rabbitmq.out)"
@@ -519,8 +563,9 @@ status_rabbitmq() {
 }
 
 env_rabbitmq() {
-	echo "export FERRY_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$(saved_port rabbitmq)/"
-	echo "export FERRY_RABBITMQ_MANAGEMENT_URL=http://guest:guest@127.0.0.1:$(saved_port rabbitmq-management)"
+	echo "export FERRY_RABBITMQ_URL=amqp://$CHECKOUT:$CHECKOUT@127.0.0.1:$(saved_port rabbitmq)/"
+	echo "export FERRY_RABBITMQ_MANAGEMENT_URL=http://$CHECKOUT:$CHECKOUT@127.0.0.1:$(saved_port rabbitmq-management)"
+	echo "export FERRY_RABBITMQ_NODE=$(rmq_node)"
 }
 
 # ------------------------------------------------------------ smtp (Mailpit)
@@ -587,11 +632,22 @@ nats_pid() {
 	return 0
 }
 
-nats_ready() { tcp_ok "$(saved_port nats)" && [ "$(http_status "$(saved_port nats-monitor)" /healthz)" = 200 ]; }
+# nats_ready: our server answers on our ports (another checkout's server
+# that took a port has another name).
+nats_ready() {
+	local body
+	tcp_ok "$(saved_port nats)" && [ "$(http_status "$(saved_port nats-monitor)" /healthz)" = 200 ] &&
+		body=$(http_body "$(saved_port nats-monitor)" /varz) &&
+		grep -qE "\"server_name\": *\"$CHECKOUT\"" <<<"$body"
+}
 
 start_nats() {
 	local bin
 	bin=$(go_tool nats-server "$NATS_MODULE" "$NATS_VERSION")
+	if [ -n "$(nats_pid)" ] && ! grep -qaF -- "$CHECKOUT" "/proc/$(nats_pid)/cmdline" 2>/dev/null; then
+		say "nats: restarting to apply this checkout's server name and password"
+		stop_nats
+	fi
 	if [ -n "$(nats_pid)" ]; then
 		if nats_ready; then
 			say "nats: already running on 127.0.0.1:$(saved_port nats)"
@@ -604,7 +660,7 @@ start_nats() {
 		mkdir -p "$STATE/nats"
 		say "nats: starting nats-server (JetStream) on 127.0.0.1:$port (monitor :$mon)"
 		spawn nats "$NATS_PIDFILE" "$STATE/nats.log" "$bin" \
-			-n ferry -js -sd "$STATE/nats" -a 127.0.0.1 -p "$port" -m "$mon"
+			-n "$CHECKOUT" --user ferry --pass "$CHECKOUT" -js -sd "$STATE/nats" -a 127.0.0.1 -p "$port" -m "$mon"
 	fi
 	wait_ready nats "nats-server"
 }
@@ -621,7 +677,10 @@ status_nats() {
 	fi
 }
 
-env_nats() { echo "export FERRY_NATS_URL=nats://127.0.0.1:$(saved_port nats)"; }
+env_nats() {
+	echo "export FERRY_NATS_URL=nats://ferry:$CHECKOUT@127.0.0.1:$(saved_port nats)"
+	echo "export FERRY_NATS_SERVER_NAME=$CHECKOUT"
+}
 
 # ------------------------------------------------------------ reset
 

@@ -35,7 +35,10 @@ var brokerServers = map[string]brokerServer{
 }
 
 // forEachBroker runs f as a subtest for every broker the ferry command
-// wires, failing for a broker the tests do not know how to reach.
+// wires, failing for a broker the tests do not know how to reach. RabbitMQ
+// runs twice: with classic queues (the default) and, as subtest
+// "rabbitmq-quorum", with --rabbitmq-queue-type quorum (through its
+// environment variable, which every ferry command of the subtest reads).
 func forEachBroker(t *testing.T, f func(t *testing.T, b string)) {
 	for _, name := range ferrycli.BrokerNames() {
 		t.Run(name, func(t *testing.T) {
@@ -44,6 +47,12 @@ func forEachBroker(t *testing.T, f func(t *testing.T, b string)) {
 			}
 			f(t, name)
 		})
+		if name == "rabbitmq" {
+			t.Run("rabbitmq-quorum", func(t *testing.T) {
+				t.Setenv("FERRY_RABBITMQ_QUEUE_TYPE", "quorum")
+				f(t, name)
+			})
+		}
 	}
 }
 

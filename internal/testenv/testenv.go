@@ -9,9 +9,13 @@
 package testenv
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -67,10 +71,146 @@ func RequireTCP(t testing.TB, service, addr string) {
 		c, err = net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
+			if err := CheckOwnServer(service); err != nil {
+				t.Fatalf("%v", err)
+			}
 			return
 		}
 	}
 	t.Fatalf("testenv: %s is not reachable at %s (%v); start it with: compose/local/services.sh up %s", service, addr, err, service)
+}
+
+// Names of the environment variables with which compose/local/services.sh
+// env says which servers belong to this checkout (CheckOwnServer).
+const (
+	// EnvPostgresCheckout is the value of the setting ferry.checkout that
+	// services.sh sets on the role of FERRY_DATABASE_URL.
+	EnvPostgresCheckout = "FERRY_POSTGRES_CHECKOUT"
+	// EnvRabbitMQNode is the RabbitMQ node name of this checkout.
+	EnvRabbitMQNode = "FERRY_RABBITMQ_NODE"
+	// EnvNATSServerName is the NATS server name of this checkout.
+	EnvNATSServerName = "FERRY_NATS_SERVER_NAME"
+)
+
+// CheckOwnServer returns an error when the server of service ("postgres",
+// "rabbitmq" or "nats") at the address the tests use is not the one this
+// checkout's compose/local/services.sh runs: another checkout's server
+// that took a port this checkout freed (services.sh stop), seen in outage
+// tests. It compares the server's name (PostgreSQL: the role setting
+// ferry.checkout) with the one services.sh env exported; without that
+// variable (servers not started by services.sh) it checks nothing. The
+// per-checkout passwords services.sh sets make another checkout's server
+// refuse the login, which is reported the same way.
+func CheckOwnServer(service string) error {
+	hint := "another checkout's server may have taken the port this checkout's server freed (compose/local/services.sh stop): run compose/local/services.sh status and up, then eval \"$(compose/local/services.sh env)\" again"
+	switch service {
+	case "postgres":
+		want := os.Getenv(EnvPostgresCheckout)
+		if want == "" {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, DatabaseURL())
+		if err != nil {
+			return fmt.Errorf("testenv: the PostgreSQL server at %s refused this checkout's login (%v); %s", HostPort(DatabaseURL()), err, hint)
+		}
+		defer conn.Close(ctx)
+		var got string
+		if err := conn.QueryRow(ctx, "SELECT coalesce(current_setting('ferry.checkout', true), '')").Scan(&got); err != nil {
+			return fmt.Errorf("testenv: PostgreSQL at %s: read ferry.checkout: %w", HostPort(DatabaseURL()), err)
+		}
+		if got != want {
+			return fmt.Errorf("testenv: the PostgreSQL server at %s belongs to checkout %q, not to this one (%q); %s", HostPort(DatabaseURL()), got, want, hint)
+		}
+	case "rabbitmq":
+		want := os.Getenv(EnvRabbitMQNode)
+		if want == "" {
+			return nil
+		}
+		got, err := rabbitNode()
+		if err != nil {
+			return fmt.Errorf("testenv: RabbitMQ at %s: %v; %s", HostPort(RabbitMQManagementURL()), err, hint)
+		}
+		if got != want {
+			return fmt.Errorf("testenv: the RabbitMQ server at %s is node %q, not this checkout's %q; %s", HostPort(RabbitMQURL()), got, want, hint)
+		}
+	case "nats":
+		want := os.Getenv(EnvNATSServerName)
+		if want == "" {
+			return nil
+		}
+		got, err := natsServerName(HostPort(NATSURL()))
+		if err != nil {
+			return fmt.Errorf("testenv: NATS at %s: %v; %s", HostPort(NATSURL()), err, hint)
+		}
+		if got != want {
+			return fmt.Errorf("testenv: the NATS server at %s is %q, not this checkout's %q; %s", HostPort(NATSURL()), got, want, hint)
+		}
+	}
+	return nil
+}
+
+// rabbitNode asks the management API of RabbitMQManagementURL, with its
+// credentials, for the node's name.
+func rabbitNode() (string, error) {
+	u, err := url.Parse(RabbitMQManagementURL())
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequest(http.MethodGet, u.Scheme+"://"+u.Host+"/api/overview", nil)
+	if err != nil {
+		return "", err
+	}
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		req.SetBasicAuth(u.User.Username(), pw)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		return "", errors.New("the management API refused this checkout's credentials (401)")
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET /api/overview: %s", resp.Status)
+	}
+	var ov struct {
+		Node string `json:"node"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ov); err != nil {
+		return "", fmt.Errorf("GET /api/overview: %w", err)
+	}
+	return ov.Node, nil
+}
+
+// natsServerName reads the INFO line a NATS server sends first on every
+// connection and returns its server_name.
+func natsServerName(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("read INFO: %w", err)
+	}
+	js, ok := strings.CutPrefix(strings.TrimSpace(line), "INFO ")
+	if !ok {
+		return "", fmt.Errorf("not a NATS server: first line %q", line)
+	}
+	var info struct {
+		Name string `json:"server_name"`
+	}
+	if err := json.Unmarshal([]byte(js), &info); err != nil {
+		return "", fmt.Errorf("INFO: %w", err)
+	}
+	return info.Name, nil
 }
 
 // HostPort returns host:port of a URL such as amqp://u:p@h:5672/.
@@ -95,6 +235,9 @@ func NewDatabase(t testing.TB) string {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
+		if oerr := CheckOwnServer("postgres"); oerr != nil {
+			t.Fatalf("%v", oerr)
+		}
 		t.Fatalf("testenv: connect %s: %v", base, err)
 	}
 	defer conn.Close(ctx)

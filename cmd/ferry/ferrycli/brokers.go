@@ -20,6 +20,9 @@ import (
 type BrokerOptions struct {
 	// RabbitMQURL is --rabbitmq-url, an amqp:// URL.
 	RabbitMQURL string
+	// RabbitMQQueueType is --rabbitmq-queue-type, rabbitmq.Config.QueueType:
+	// "classic" or "quorum"; empty means classic.
+	RabbitMQQueueType string
 	// NATSURL is --nats-url, a nats:// URL.
 	NATSURL string
 	// KafkaBrokers is --kafka-brokers: Kafka bootstrap addresses, host:port.
@@ -47,7 +50,7 @@ type BrokerFunc func(ctx context.Context, o BrokerOptions) (broker.Broker, error
 // range over it, so a broker added here is tested end to end.
 var Brokers = map[string]BrokerFunc{
 	"rabbitmq": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
-		return rabbitmq.New(ctx, rabbitmq.Config{URL: o.RabbitMQURL, Logger: o.Logger})
+		return rabbitmq.New(ctx, rabbitmq.Config{URL: o.RabbitMQURL, QueueType: o.RabbitMQQueueType, Logger: o.Logger})
 	},
 	"nats": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
 		return nats.New(ctx, nats.Config{URL: o.NATSURL, LookupExchange: o.LookupExchange, Logger: o.Logger})

@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
@@ -55,6 +56,7 @@ const (
 	flagDatabaseURL     = "database-url"
 	flagBroker          = "broker"
 	flagRabbitMQURL     = "rabbitmq-url"
+	flagRabbitQueueType = "rabbitmq-queue-type"
 	flagNATSURL         = "nats-url"
 	flagKafkaBrokers    = "kafka-brokers"
 	flagSQSEndpoint     = "sqs-endpoint"
@@ -106,6 +108,8 @@ func brokerFlags() []cli.Flag {
 		&cli.StringFlag{Name: flagBroker, Value: DefaultBroker, EnvVars: env(flagBroker),
 			Usage: "message broker: rabbitmq or nats (kafka, sqs: not available yet); demo and run without it use an embedded NATS server, or --nats-url when that is given"},
 		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL (--broker rabbitmq)"},
+		&cli.StringFlag{Name: flagRabbitQueueType, Value: rabbitmq.QueueTypeClassic, EnvVars: env(flagRabbitQueueType),
+			Usage: "RabbitMQ queue type of the work, retry and dead-letter queues: classic or quorum (replicated); every process declaring a queue must use the same type (--broker rabbitmq)"},
 		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (--broker nats)" + embeddedNote},
 		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port (--broker kafka)"},
 		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL; empty for AWS's endpoint of --aws-region (--broker sqs)"},
@@ -280,11 +284,12 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		debugFail:       c.Bool(flagDebugFail),
 		dataDir:         c.String(flagDataDir),
 		brokerOpts: BrokerOptions{
-			RabbitMQURL:  c.String(flagRabbitMQURL),
-			NATSURL:      c.String(flagNATSURL),
-			KafkaBrokers: splitList(c.String(flagKafkaBrokers)),
-			SQSEndpoint:  c.String(flagSQSEndpoint),
-			AWSRegion:    c.String(flagAWSRegion),
+			RabbitMQURL:       c.String(flagRabbitMQURL),
+			RabbitMQQueueType: c.String(flagRabbitQueueType),
+			NATSURL:           c.String(flagNATSURL),
+			KafkaBrokers:      splitList(c.String(flagKafkaBrokers)),
+			SQSEndpoint:       c.String(flagSQSEndpoint),
+			AWSRegion:         c.String(flagAWSRegion),
 		},
 	}
 	has := func(name string) bool { return hasFlag(c, name) }
@@ -297,6 +302,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		if _, err := lookupBroker(s.broker); err != nil {
 			return nil, err
 		}
+	}
+	if qt := s.brokerOpts.RabbitMQQueueType; qt != "" && qt != rabbitmq.QueueTypeClassic && qt != rabbitmq.QueueTypeQuorum {
+		return nil, usagef("--%s %q: want %s or %s", flagRabbitQueueType, qt, rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum)
 	}
 	if has(flagRetryDelay) {
 		d, err := parseRetryDelays(c.String(flagRetryDelay))

@@ -1,0 +1,113 @@
+// Package rabbitmq is ferry's reference broker adapter, for RabbitMQ over
+// AMQP 0-9-1 (github.com/rabbitmq/amqp091-go).
+//
+// # Mapping
+//
+// A broker.Topology becomes one durable topic exchange and, per queue, a
+// durable work queue bound to it with the queue's routing-key patterns
+// ('*' and '#' as in AMQP topic exchanges), a durable DLQ named
+// Queue.Name+".dlq" and one durable retry queue per retry level named
+// Queue.Name+".retry.<i>". A retry queue has the level's delay as its
+// x-message-ttl and dead-letters expired messages through the default
+// exchange with the work queue's name as routing key
+// (x-dead-letter-exchange "", x-dead-letter-routing-key <queue>), so a
+// retried message comes back only to the queue it failed in, never to the
+// other queues bound to its type. A per-queue TTL is used rather than a
+// per-message expiration because RabbitMQ expires messages only at the head
+// of a queue (https://www.rabbitmq.com/docs/ttl#per-message-ttl-caveats):
+// with one queue per level every message in it has the same delay.
+//
+// Publish uses publisher confirms on a small pool of channels, persistent
+// delivery mode and the mandatory flag: a message no queue is bound to is
+// returned by the server (basic.return before its basic.ack) and reported as
+// broker.ErrUnroutable for its batch index. A batch is pipelined: every
+// message is written, then every confirm awaited.
+//
+// The message travels as: AMQP message-id = Message.ID, AMQP type =
+// Message.Type (also the routing key of the first publish; retries travel
+// through the default exchange, so the type is read back from the property),
+// the header "x-ferry-key" = Message.Key, and the other headers as AMQP
+// string headers. The attempt number is carried in ferry's own header
+// x-retry-count; RabbitMQ's x-death header is never read
+// (broker.HeaderRetryCount).
+//
+// # Connections
+//
+// The adapter keeps two AMQP connections, one for publishing (and Declare
+// and the DLQ operations) and one for consuming, as RabbitMQ recommends so
+// that flow control on publishers does not stall consumers
+// (https://www.rabbitmq.com/docs/connections#flow-control). amqp091-go does
+// not reconnect by itself (its experimental Recovery is left off); the
+// adapter redials every Config.ReconnectDelay after a connection loss,
+// re-declares the remembered topology and resumes every subscription.
+// Deliveries unsettled at the loss are redelivered by RabbitMQ; settling
+// them afterwards returns an error.
+//
+// A queue deleted while a subscription consumes it, or an exchange or
+// queue deleted while the connections stay up (an operator's mistake, a
+// broker reset without its data), is declared again without waiting for a
+// reconnect: a basic.consume refused with NOT_FOUND, a publish whose
+// channel is closed with NOT_FOUND (no exchange), and a message returned
+// unroutable although a remembered binding routes it (its queue is gone)
+// make the adapter declare its remembered topology again and publish the
+// refused messages once more, so a relay does not park them as
+// unroutable. Messages that were in a deleted queue are gone with it; a
+// message a classic retry level dead-letters to a deleted work queue is
+// dropped by RabbitMQ; and a message that still reaches another queue
+// bound to its type is not returned, so a deleted queue misses messages
+// until it is declared again (at once when a subscription consumes it:
+// RabbitMQ cancels the consumer, whose next basic.consume re-declares).
+// RabbitMQ does not always send that cancel (seen with quorum queues
+// deleted and declared again at once by another client; a passive
+// declaration then still counts a consumer), so a subscription that
+// received nothing for 5s and holds no unsettled delivery registers a
+// fresh consumer on a new channel. With quorum queues the re-declaration
+// waits one second: RabbitMQ removes a deleted quorum queue's replicas
+// after queue.delete returned, and a queue of the same name declared at
+// once lost messages it had confirmed (seen on 3.10).
+//
+// When the server closes a consuming channel (for example
+// PRECONDITION_FAILED because a delivery stayed unacknowledged longer than
+// consumer_timeout), the reason is logged at WARN with what follows: the
+// unsettled deliveries of that channel are redelivered, settling them
+// fails, and the subscription consumes again on a new channel. Every
+// "connection lost" line is followed by a "reconnected" line once the
+// connection is back.
+//
+// # Queue types and broker-side limits
+//
+// Config.QueueType (ferry's --rabbitmq-queue-type) makes every queue
+// classic (the default) or quorum, the work queue, its retry levels and
+// its DLQ alike; each is declared with an explicit x-queue-type, so a
+// server whose default queue type is another one does not change it, and
+// a queue that exists with the other type is refused with
+// broker.ErrTopologyMismatch saying how to switch. Quorum queues also
+// get:
+//
+//   - x-delivery-limit QuorumDeliveryLimit (2^31-1) on every queue: a
+//     quorum queue counts each return of a delivery and drops (or
+//     dead-letters) a message past the limit, 20 by default from RabbitMQ
+//     4.0; ferry counts attempts itself and dead-letters with the reason,
+//     so the broker must never drop first. Not -1, which means
+//     "unlimited" only from RabbitMQ 4.0 on (3.10 accepts it as a plain
+//     number); 2^31-1 means the same on every version.
+//   - x-dead-letter-strategy at-least-once and x-overflow reject-publish
+//     (which at-least-once requires) on the retry levels, so a message
+//     whose delay expired leaves the retry queue only once its work queue
+//     has it.
+//
+// ferry sets no x-max-length, x-max-length-bytes, x-expires or message
+// TTL on work queues and DLQs, so neither type drops or expires a message
+// by itself; the overflow behaviour only matters with a length limit,
+// which ferry never sets. Operator policies still apply: a policy with
+// max-length, delivery-limit or message-ttl on ferry's queues can drop
+// messages ferry meant to retry (where a policy and an argument both set a
+// limit, RabbitMQ applies the lower), so keep such policies off them.
+// Classic queues have no delivery limit. Message TTL and at-least-once
+// dead-lettering of quorum queues need RabbitMQ 3.10 or later.
+//
+// Capabilities: no native delay (retry levels), ordering within a queue,
+// wildcard bindings, messages up to Config.MaxMessageBytes (RabbitMQ's
+// max_message_size, 128 MiB by default since 3.8), no replay of consumed
+// messages, redeliveries not counted as attempts.
+package rabbitmq

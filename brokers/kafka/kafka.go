@@ -46,12 +46,12 @@ type kafkaBroker struct {
 	done     chan struct{}
 	closeCtx context.Context // ends at Close
 	closeFn  context.CancelFunc
-	declMu  sync.Mutex // one Declare at a time
-	mu      sync.Mutex
-	current string                // exchange of the last Declare: Publish's target
-	topos   map[string]*declared  // by exchange
-	queues  map[string]*queueInfo // by queue name
-	subs    map[*subscription]struct{}
+	declMu   sync.Mutex // one Declare at a time
+	mu       sync.Mutex
+	current  string                // exchange of the last Declare: Publish's target
+	topos    map[string]*declared  // by exchange
+	queues   map[string]*queueInfo // by queue name
+	subs     map[*subscription]struct{}
 }
 
 // declared is what Declare created for one exchange (the union of the
@@ -118,14 +118,14 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		// writer groups it by partition. A short BatchTimeout so a batch is
 		// sent as soon as it is complete (the default of 1 s would delay
 		// every synchronous write).
-		BatchSize:    100000,
-		BatchBytes:   int64(b.maxBytes),
-		BatchTimeout: time.Millisecond,
+		BatchSize:       100000,
+		BatchBytes:      int64(b.maxBytes),
+		BatchTimeout:    time.Millisecond,
 		MaxAttempts:     10,
 		WriteBackoffMin: 20 * time.Millisecond,
 		WriteBackoffMax: 500 * time.Millisecond,
-		WriteTimeout: cfg.PublishTimeout,
-		ReadTimeout:  cfg.PublishTimeout,
+		WriteTimeout:    cfg.PublishTimeout,
+		ReadTimeout:     cfg.PublishTimeout,
 		// Every in-sync replica must have the record before the write
 		// returns (acks=all); never Async, so WriteMessages returns the
 		// broker's answer.

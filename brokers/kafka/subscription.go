@@ -121,12 +121,6 @@ func (p *partState) finish(off int64) {
 	}
 }
 
-// untrack forgets off, fetched but never handed out (the subscription was
-// closed): the floor never moves past it, so it is read again.
-func (p *partState) untrack(off int64) {
-	_ = off // kept in offsets, never finished: the floor stops before it
-}
-
 type subscription struct {
 	b     *kafkaBroker
 	q     *queueInfo
@@ -142,10 +136,11 @@ type subscription struct {
 	changed  chan struct{} // closed and replaced on every change
 	bufCap   int
 
-	commitSig chan struct{}
-	stopped   chan struct{} // closed when the group is being shut down
-	stopOnce  sync.Once
-	loopsDone chan struct{}
+	commitSig    chan struct{}
+	lastRecreate atomic.Int64  // Unix ns of the last recreate
+	stopped      chan struct{} // closed when the group is being shut down
+	stopOnce     sync.Once
+	loopsDone    chan struct{}
 }
 
 func (s *subscription) broadcastLocked() {
@@ -169,13 +164,18 @@ func (s *subscription) run() {
 		<-s.stopped
 		cancel()
 	}()
+	failures := 0
 	for {
 		gen, err := s.group.Next(ctx)
 		if err != nil {
 			if errors.Is(err, kafkago.ErrGroupClosed) || ctx.Err() != nil {
 				return
 			}
-			s.b.log.Warn("consumer group: join failed; retrying", "queue", s.q.queue.Name, "error", err)
+			failures++
+			if failures == 3 || failures%20 == 0 {
+				s.b.log.Warn("consumer group: join failed; retrying", "queue", s.q.queue.Name, "attempts", failures, "error", err)
+			}
+			s.recreate(ctx, err)
 			select {
 			case <-ctx.Done():
 				return
@@ -183,7 +183,26 @@ func (s *subscription) run() {
 			}
 			continue
 		}
+		failures = 0
 		s.onGeneration(gen)
+	}
+}
+
+// recreate declares the queue's exchange again when err says a topic is
+// missing (an operator deleted it), at most every 2 s.
+func (s *subscription) recreate(ctx context.Context, err error) {
+	if !missingTopic(err) {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := s.lastRecreate.Load()
+	if now-last < int64(2*time.Second) || !s.lastRecreate.CompareAndSwap(last, now) {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if derr := s.b.redeclare(dctx, s.q.exchange); derr != nil {
+		s.b.log.Warn("declaring missing topics again failed", "queue", s.q.queue.Name, "error", derr)
 	}
 }
 
@@ -306,6 +325,7 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 				return
 			}
 			s.b.log.Debug("fetch failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
+			s.recreate(ctx, err)
 			if !sleepCtx(ctx, 500*time.Millisecond) {
 				return
 			}
@@ -372,6 +392,7 @@ func (s *subscription) forward(ctx context.Context, gen *kafkago.Generation, k p
 			if ctx.Err() != nil {
 				return
 			}
+			s.recreate(ctx, err)
 			if !sleepCtx(ctx, 500*time.Millisecond) {
 				return
 			}

@@ -58,6 +58,8 @@ func TestProfilesLoad(t *testing.T) {
 		names(load(t, "rabbitmq").Services))
 	require.Equal(t, sorted("postgres", "mailpit", "migrate", "nats", "api-nats", "relay-nats", "worker-nats"),
 		names(load(t, "nats").Services))
+	require.Equal(t, sorted("postgres", "mailpit", "migrate", "kafka", "api-kafka", "relay-kafka", "worker-kafka"),
+		names(load(t, "kafka").Services))
 	require.Equal(t, sorted("postgres", "mailpit", "migrate", "localstack"), names(load(t, "sqs").Services))
 	require.Equal(t, "ferry", load(t, "*").Name)
 }
@@ -98,6 +100,7 @@ func TestServersAtCLIDefaults(t *testing.T) {
 		"nats":       {urlPort(t, ferrycli.DefaultNATSURL): 4222, "8222": 8222},
 		"mailpit":    {port(t, ferrycli.DefaultSMTPAddr): 1025, "8025": 8025}, // HTTP API: testenv's default
 		"localstack": {"4566": 4566},
+		"kafka":      {port(t, ferrycli.DefaultKafkaBrokers): 9092},
 		"api":        {port(t, ferrycli.DefaultAddr): 3000},
 	}
 	for name, ports := range want {
@@ -117,7 +120,7 @@ func TestServersAtCLIDefaults(t *testing.T) {
 
 func TestServersHaveHealthchecks(t *testing.T) {
 	p := load(t, "*")
-	for _, name := range []string{"postgres", "rabbitmq", "nats", "mailpit", "localstack"} {
+	for _, name := range []string{"postgres", "rabbitmq", "nats", "kafka", "mailpit", "localstack"} {
 		s, err := p.GetService(name)
 		require.NoError(t, err)
 		require.NotNil(t, s.HealthCheck, "%s has no healthcheck", name)
@@ -133,6 +136,7 @@ func TestServersHaveHealthchecks(t *testing.T) {
 var brokerURL = map[string]struct{ env, service, port string }{
 	"rabbitmq": {"FERRY_RABBITMQ_URL", "rabbitmq", "5672"},
 	"nats":     {"FERRY_NATS_URL", "nats", "4222"},
+	"kafka":    {"FERRY_KAFKA_BROKERS", "kafka", "19092"}, // host:port, the containers' listener
 }
 
 func env(s types.ServiceConfig, name string) string {
@@ -178,7 +182,11 @@ func TestRoles(t *testing.T) {
 			require.Equal(t, s.Profiles[0], broker, "a role's FERRY_BROKER is its profile")
 			b, ok := brokerURL[broker]
 			require.True(t, ok, "unknown broker %q", broker)
-			bu, err := url.Parse(env(s, b.env))
+			raw := env(s, b.env)
+			if !strings.Contains(raw, "://") {
+				raw = "tcp://" + raw // FERRY_KAFKA_BROKERS is host:port
+			}
+			bu, err := url.Parse(raw)
 			require.NoError(t, err, b.env)
 			require.Equal(t, b.service, bu.Hostname(), b.env)
 			require.Equal(t, b.port, bu.Port(), b.env)
@@ -191,7 +199,7 @@ func TestRoles(t *testing.T) {
 			commands[broker] = append(commands[broker], cmd)
 		})
 	}
-	for _, broker := range []string{"rabbitmq", "nats"} {
+	for _, broker := range []string{"rabbitmq", "nats", "kafka"} {
 		require.ElementsMatch(t, []string{"api", "relay", "worker"}, commands[broker], "roles of profile %s", broker)
 	}
 }

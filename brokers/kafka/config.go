@@ -41,10 +41,15 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultBroker         = "127.0.0.1:9092"
-	DefaultPartitions     = 3
+	// DefaultBroker is the bootstrap address when Config.Brokers is empty.
+	DefaultBroker = "127.0.0.1:9092"
+	// DefaultPartitions is Config.Partitions' default.
+	DefaultPartitions = 3
+	// DefaultPublishTimeout is Config.PublishTimeout's default.
 	DefaultPublishTimeout = 30 * time.Second
-	DefaultDialTimeout    = 5 * time.Second
+	// DefaultDialTimeout is Config.DialTimeout's default.
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultSessionTimeout is Config.SessionTimeout's default.
 	DefaultSessionTimeout = 10 * time.Second
 )
 

@@ -94,9 +94,9 @@
 // and writes it back to the work topic with a header naming the queue, so
 // only that queue's group takes it (other groups pass over it). A wait
 // blocks neither the work partitions nor other retry partitions or levels.
-// Retried messages come back after later messages of their key. The
-// retention of a retry topic (the broker's log.retention, 7 days by
-// default) bounds the longest retry delay.
+// Retried messages come back after later messages of their key. A retry
+// topic is created with retention.ms = max(7 days, 4 × its delay), so a
+// retried message outlives its delay and a worker outage.
 //
 // # DLQ
 //

@@ -201,13 +201,19 @@ type topicSpec struct {
 	name       string
 	partitions int
 	compact    bool
+	retention  time.Duration // retention.ms set at creation; 0: the broker's
 }
+
+// minRetryRetention is the least retention.ms of a retry topic: a
+// retried message must outlive its delay, and a worker outage too.
+const minRetryRetention = 7 * 24 * time.Hour
 
 func (b *kafkaBroker) specsFor(t broker.Topology) []topicSpec {
 	specs := []topicSpec{{name: TopicName(t.Exchange), partitions: b.cfg.Partitions}}
 	for _, q := range t.Queues {
-		for i := range q.Delays() {
-			specs = append(specs, topicSpec{name: RetryTopicName(q.Name, i), partitions: b.cfg.Partitions})
+		for i, d := range q.Delays() {
+			specs = append(specs, topicSpec{name: RetryTopicName(q.Name, i), partitions: b.cfg.Partitions,
+				retention: max(minRetryRetention, 4*d)})
 		}
 		// One partition: List returns the DLQ oldest first by reading one
 		// log; compacted, keyed by message ID, so a tombstone removes one
@@ -300,6 +306,9 @@ func (b *kafkaBroker) ensureTopics(ctx context.Context, specs []topicSpec) error
 		tc := kafkago.TopicConfig{Topic: s.name, NumPartitions: s.partitions, ReplicationFactor: b.replication}
 		if s.compact {
 			tc.ConfigEntries = []kafkago.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}}
+		}
+		if s.retention > 0 {
+			tc.ConfigEntries = append(tc.ConfigEntries, kafkago.ConfigEntry{ConfigName: "retention.ms", ConfigValue: strconv.FormatInt(s.retention.Milliseconds(), 10)})
 		}
 		create = append(create, tc)
 	}

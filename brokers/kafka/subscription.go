@@ -332,6 +332,11 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 			continue
 		}
 		msg, internal := fromRecord(m)
+		if msg.ID == "" {
+			// Not written by ferry: name it by its coordinates, which stay
+			// the same on every redelivery.
+			msg.ID = fmt.Sprintf("%s-%d-%d", m.Topic, m.Partition, m.Offset)
+		}
 		s.mu.Lock()
 		for !s.closed && !ps.revoked && ps.pending >= s.bufCap {
 			ch := s.changed
@@ -366,10 +371,16 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 	}
 }
 
-// wants reports whether the record is for this queue.
+// wants reports whether the record is for this queue. A record without
+// ferry's type header (written by another producer) is handed to every
+// queue, so the worker can dead-letter it with a reason instead of the
+// group silently passing over it.
 func (s *subscription) wants(m *broker.Message, internal map[string]string) bool {
 	if q, ok := internal[hdrQueue]; ok {
 		return q == s.q.queue.Name
+	}
+	if _, ok := internal[hdrType]; !ok {
+		return true
 	}
 	for _, p := range s.q.queue.Bindings {
 		if broker.MatchRoutingKey(p, m.Type) {

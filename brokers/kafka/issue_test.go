@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/worker"
 	"github.com/ferrymq/ferry/worker/workertest"
@@ -338,4 +339,23 @@ func countSide(t *testing.T, pool *pgxpool.Pool) int {
 
 func waitCount(t *testing.T, pool *pgxpool.Pool, want int) {
 	require.Eventually(t, func() bool { return countSide(t, pool) >= want }, 60*time.Second, 50*time.Millisecond)
+}
+
+// An existing topic with another partition count is
+// broker.ErrTopologyMismatch, naming the topic and the setting; nothing is
+// changed.
+func TestTopologyMismatch(t *testing.T) {
+	t.Parallel()
+	tp := topology("kafka-mismatch")
+	declared(t, tp)
+	ctx := ctxFor(t, 30*time.Second)
+	other, err := kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), Partitions: 4})
+	require.NoError(t, err)
+	defer other.Close()
+	err = other.Declare(ctx, tp)
+	require.ErrorIs(t, err, broker.ErrTopologyMismatch)
+	require.ErrorContains(t, err, tp.Exchange)
+	require.ErrorContains(t, err, "3 partitions")
+	_, err = kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), Partitions: -1})
+	require.ErrorContains(t, err, "Config.Partitions")
 }

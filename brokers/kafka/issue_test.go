@@ -359,3 +359,39 @@ func TestTopologyMismatch(t *testing.T) {
 	_, err = kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), Partitions: -1})
 	require.ErrorContains(t, err, "Config.Partitions")
 }
+
+// The work topic is deleted under a running publisher and subscription
+// that already consumed from it: the next publish declares it again, and
+// the subscription reads the new log from its start (its old position is
+// past the new log's end), so nothing published afterwards is skipped.
+func TestTopicDeletedUnderSubscription(t *testing.T) {
+	t.Parallel()
+	tp := topology("kafka-deleted")
+	b := declared(t, tp)
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 50})
+	var first []*broker.Message
+	for i := range 30 {
+		first = append(first, &broker.Message{ID: fmt.Sprint("a", i), Type: "evt.d", Key: fmt.Sprint("k", i%3)})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 10*time.Second), first))
+	for range 30 {
+		require.NoError(t, receive(t, sub, 20*time.Second).Ack(ctxFor(t, 5*time.Second)))
+	}
+	time.Sleep(1500 * time.Millisecond) // committed
+	c := &kafkago.Client{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Timeout: 10 * time.Second}
+	_, err := c.DeleteTopics(ctxFor(t, 10*time.Second), &kafkago.DeleteTopicsRequest{Topics: []string{kafka.TopicName(tp.Exchange)}})
+	require.NoError(t, err)
+	time.Sleep(2 * time.Second)
+	var second []*broker.Message
+	for i := range 6 {
+		second = append(second, &broker.Message{ID: fmt.Sprint("b", i), Type: "evt.d", Key: fmt.Sprint("k", i%3)})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), second), "the publish declares the topic again")
+	var got []string
+	for range 6 {
+		d := receive(t, sub, 60*time.Second)
+		got = append(got, d.Message().ID)
+		require.NoError(t, d.Ack(ctxFor(t, 5*time.Second)))
+	}
+	require.ElementsMatch(t, []string{"b0", "b1", "b2", "b3", "b4", "b5"}, got)
+}

@@ -291,6 +291,9 @@ func (s *subscription) newReader(topic string, partition int, offset int64) *kaf
 		ReadBackoffMin: 100 * time.Millisecond,
 		ReadBackoffMax: time.Second,
 		MaxAttempts:    3,
+		// Report an offset past the end of the log (the topic was deleted
+		// and created again) instead of waiting for the log to grow.
+		OffsetOutOfRangeError: true,
 	})
 	if offset < 0 {
 		offset = kafkago.FirstOffset
@@ -317,12 +320,23 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // as settled.
 func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64) {
 	r := s.newReader(ps.key.topic, ps.key.partition, offset)
-	defer r.Close()
+	defer func() { r.Close() }()
 	for {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
+			}
+			if errors.Is(err, kafkago.OffsetOutOfRange) {
+				var first int64
+				if ps, first, err = s.resetPartition(ctx, ps); err != nil {
+					s.b.log.Warn("reset of a partition failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
+					sleepCtx(ctx, time.Second)
+					continue
+				}
+				r.Close()
+				r = s.newReader(ps.key.topic, ps.key.partition, first)
+				continue
 			}
 			s.b.log.Debug("fetch failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
 			s.recreate(ctx, err)
@@ -371,6 +385,43 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 	}
 }
 
+// resetPartition handles a read position past the end of the log: the
+// topic was deleted and created again (or truncated), so the offsets held
+// belong to a log that is gone. It forgets them (deliveries of the old log
+// can no longer be settled), starts a fresh state at the log's first
+// offset and commits it.
+func (s *subscription) resetPartition(ctx context.Context, old *partState) (*partState, int64, error) {
+	res, err := s.b.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{
+		old.key.topic: {kafkago.FirstOffsetOf(old.key.partition)}}})
+	if err != nil {
+		return old, 0, err
+	}
+	first := int64(0)
+	for _, po := range res.Topics[old.key.topic] {
+		if po.Error != nil {
+			return old, 0, po.Error
+		}
+		first = po.FirstOffset
+	}
+	s.b.log.Warn("the read position is past the end of the log (topic created again?); reading it from its first offset",
+		"queue", s.q.queue.Name, "topic", old.key.topic, "partition", old.key.partition, "offset", first)
+	s.mu.Lock()
+	old.revoked = true
+	kept := s.pending[:0]
+	for _, d := range s.pending {
+		if d.ps != old {
+			kept = append(kept, d)
+		}
+	}
+	s.pending = kept
+	ps := &partState{key: old.key, gen: old.gen, floor: first, commit: -1, done: map[int64]bool{}}
+	s.parts[old.key] = ps
+	s.broadcastLocked()
+	s.mu.Unlock()
+	s.signalCommit()
+	return ps, first, nil
+}
+
 // wants reports whether the record is for this queue. A record without
 // ferry's type header (written by another producer) is handed to every
 // queue, so the worker can dead-letter it with a reason instead of the
@@ -396,12 +447,18 @@ func (s *subscription) wants(m *broker.Message, internal map[string]string) bool
 // of its own) has its own goroutine, so a wait blocks nothing else.
 func (s *subscription) forward(ctx context.Context, gen *kafkago.Generation, k partKey, offset int64) {
 	r := s.newReader(k.topic, k.partition, offset)
-	defer r.Close()
+	defer func() { r.Close() }()
 	for {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
+			}
+			if errors.Is(err, kafkago.OffsetOutOfRange) {
+				// The retry topic was created again: read it from its start.
+				r.Close()
+				r = s.newReader(k.topic, k.partition, kafkago.FirstOffset)
+				continue
 			}
 			s.recreate(ctx, err)
 			if !sleepCtx(ctx, 500*time.Millisecond) {

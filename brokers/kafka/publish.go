@@ -150,9 +150,6 @@ func (b *kafkaBroker) Publish(ctx context.Context, msgs []*broker.Message) error
 				if b.closed.Load() {
 					return broker.ErrClosed
 				}
-				if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
-					return fmt.Errorf("kafka: publish %d message(s) to %s: %w", len(recs), exchange, err)
-				}
 				return fmt.Errorf("kafka: publish %d message(s) to %s: %w", len(recs), exchange, err)
 			}
 			for j, e := range per {

@@ -30,6 +30,9 @@ func rawKafka(b *testing.B, exchange string, n, publishers, batch int) float64 {
 		BatchBytes:   1 << 20,
 		BatchTimeout: time.Millisecond,
 		RequiredAcks: kafkago.RequireAll,
+		// A transport of its own: kafka-go's shared DefaultTransport
+		// caches metadata that may predate the topic.
+		Transport: &kafkago.Transport{},
 	}
 	defer w.Close()
 	topic := kafka.TopicName(exchange)

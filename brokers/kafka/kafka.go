@@ -413,9 +413,16 @@ func (b *kafkaBroker) leadersServe(ctx context.Context, topics []kafkago.TopicCo
 	return true
 }
 
-// topics returns the metadata of the named topics that exist.
+// topics returns the metadata of the named topics that exist, asked of
+// the cluster now: kafka-go's Transport answers metadata requests from a
+// cache refreshed every MetadataTTL, which would miss a topic another
+// process created a moment ago, so this uses a transport of its own for
+// the one request. The request never creates a topic.
 func (b *kafkaBroker) topics(ctx context.Context, names []string) (map[string]kafkago.Topic, error) {
-	md, err := b.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: names})
+	t := &kafkago.Transport{DialTimeout: b.cfg.DialTimeout, ClientID: b.cfg.ClientID, MetadataTopics: names}
+	defer t.CloseIdleConnections()
+	c := &kafkago.Client{Addr: b.addr, Transport: t, Timeout: b.cfg.PublishTimeout}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: names})
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +469,10 @@ func (b *kafkaBroker) redeclare(ctx context.Context, exchange string) error {
 	b.declMu.Lock()
 	defer b.declMu.Unlock()
 	b.log.Warn("topics missing; declaring them again", "exchange", exchange)
-	return b.ensureTopics(ctx, b.specsFor(t))
+	err := b.ensureTopics(ctx, b.specsFor(t))
+	// Drop the writer's cached metadata, so it sees the topics at once.
+	b.transport.CloseIdleConnections()
+	return err
 }
 
 func (b *kafkaBroker) queueInfo(name string) (*queueInfo, bool) {

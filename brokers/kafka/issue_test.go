@@ -395,3 +395,31 @@ func TestTopicDeletedUnderSubscription(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"b0", "b1", "b2", "b3", "b4", "b5"}, got)
 }
+
+// A Retry or DeadLetter whose write fails (here: its ctx has ended) gives
+// the delivery up: the message is handed out again at once, as a broker
+// redelivers after a failed settlement, and the prefetch slot is free
+// (with Prefetch 1 the subscription would otherwise stall).
+func TestFailedSettleRedelivers(t *testing.T) {
+	t.Parallel()
+	tp := topology("kafka-failsettle", 200*time.Millisecond)
+	b := declared(t, tp)
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 1})
+	require.NoError(t, b.Publish(ctxFor(t, 10*time.Second), []*broker.Message{{ID: "f1", Type: "evt.f", Key: "k"}, {ID: "f2", Type: "evt.f", Key: "k"}}))
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	d := receive(t, sub, 20*time.Second)
+	require.Equal(t, "f1", d.Message().ID)
+	require.Error(t, d.Retry(ended, 0, "boom"))
+	d = receive(t, sub, 5*time.Second)
+	require.Equal(t, "f1", d.Message().ID, "handed out again")
+	require.Equal(t, 1, d.Message().Attempt, "a redelivery is not a retry")
+	require.Error(t, d.DeadLetter(ended, "bad"))
+	d = receive(t, sub, 5*time.Second)
+	require.Equal(t, "f1", d.Message().ID)
+	require.NoError(t, d.Ack(ctxFor(t, 5*time.Second)))
+	d = receive(t, sub, 5*time.Second)
+	require.Equal(t, "f2", d.Message().ID)
+	require.NoError(t, d.Ack(ctxFor(t, 5*time.Second)))
+	receiveNone(t, sub, time.Second)
+}

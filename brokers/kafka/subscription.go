@@ -625,6 +625,29 @@ func (s *subscription) settled(d *delivery) error {
 	return nil
 }
 
+// redeliver releases d's prefetch slot and key and queues a new delivery
+// of the same record at the head of the pending messages.
+func (s *subscription) redeliver(d *delivery) {
+	s.mu.Lock()
+	s.inflight--
+	if s.opts.Ordered && d.msg.Key != "" {
+		if s.busy[d.msg.Key]--; s.busy[d.msg.Key] <= 0 {
+			delete(s.busy, d.msg.Key)
+		}
+	}
+	if !s.closed && !d.ps.revoked {
+		nd := &delivery{s: s, ps: d.ps, offset: d.offset, msg: d.msg, internal: d.internal}
+		d.ps.pending++
+		s.pending = append([]*delivery{nd}, s.pending...)
+	}
+	last := s.closed && s.inflight == 0
+	s.broadcastLocked()
+	s.mu.Unlock()
+	if last {
+		go s.shutdown()
+	}
+}
+
 // Close stops handing out messages. The group stays joined until every
 // delivery handed out is settled (so their offsets can still be
 // committed), then leaves; messages fetched and not handed out are read
@@ -715,8 +738,8 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, reason string
 		return err
 	}
 	if d.ps.revoked {
-		d.state.Store(0)
-		return errRevoked
+		d.state.Store(2)
+		return d.s.settled(d) // errRevoked
 	}
 	delays := d.s.q.queue.Delays()
 	level := len(delays) - 1
@@ -748,8 +771,8 @@ func (d *delivery) DeadLetter(ctx context.Context, reason string) error {
 		return err
 	}
 	if d.ps.revoked {
-		d.state.Store(0)
-		return errRevoked
+		d.state.Store(2)
+		return d.s.settled(d) // errRevoked
 	}
 	rec := dlqRecord(d.s.q.dlqTopic, d.s.q.topic, d.msg, reason, time.Now())
 	if err := d.writeSettle(ctx, rec); err != nil {
@@ -758,12 +781,20 @@ func (d *delivery) DeadLetter(ctx context.Context, reason string) error {
 	return d.s.settled(d)
 }
 
-// writeSettle writes rec (acks=all); on failure the delivery stays open.
+// writeSettle writes rec (acks=all). When the write fails, the delivery
+// is given up and its message handed out again by Receive (as a broker
+// redelivers after a failed settlement): its offset stays unsettled, and
+// its prefetch slot is free.
 func (d *delivery) writeSettle(ctx context.Context, rec kafkago.Message) error {
 	ctx, cancel := d.s.b.opContext(ctx)
 	defer cancel()
-	if err := d.s.b.write(ctx, d.s.q.exchange, []kafkago.Message{rec}); err != nil {
-		d.state.Store(0)
+	err := ctx.Err()
+	if err == nil {
+		err = d.s.b.write(ctx, d.s.q.exchange, []kafkago.Message{rec})
+	}
+	if err != nil {
+		d.state.Store(2)
+		d.s.redeliver(d)
 		if d.s.b.closed.Load() {
 			return broker.ErrClosed
 		}

@@ -30,7 +30,9 @@
 // "<queue>.dlq" (DLQTopicName, one partition). An existing topic whose
 // partition count, replication factor or cleanup.policy differ is an error
 // wrapping broker.ErrTopologyMismatch. A topic deleted while processes run
-// is created again on the next publish, retry or fetch that misses it.
+// is created again on the next publish, retry or fetch that misses it; a
+// subscription whose position is past the end of the new log reads it
+// from its start.
 //
 // # Publish
 //
@@ -69,6 +71,10 @@
 // only when no earlier message of that Key is in flight: per-key order
 // with concurrent handlers. Without it, the prefetched messages of one key
 // may be handled at the same time and finish out of order.
+//
+// A Retry or DeadLetter whose write fails (the broker is down, ctx ended)
+// returns the error and hands the message out again, as a broker
+// redelivers after a failed settlement; its offset stays unsettled.
 //
 // A rebalance (a worker joining or leaving) moves partitions. A kept
 // partition continues where it was; a lost one is read again by its new

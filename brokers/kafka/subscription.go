@@ -113,6 +113,9 @@ func (p *partState) track(off int64) { p.offsets = append(p.offsets, off) }
 
 // finish marks off settled and moves the floor over the settled prefix.
 func (p *partState) finish(off int64) {
+	if p.floor >= 0 && off < p.floor {
+		return // below what another member already committed
+	}
 	p.done[off] = true
 	for len(p.offsets) > 0 && p.done[p.offsets[0]] {
 		delete(p.done, p.offsets[0])
@@ -260,6 +263,15 @@ func (s *subscription) onGeneration(gen *kafkago.Generation) {
 				}
 				ps.offsets = append([]int64(nil), ps.offsets[i:]...)
 				ps.floor = off
+				kept := s.pending[:0]
+				for _, d := range s.pending {
+					if d.ps == ps && d.offset < off {
+						ps.pending--
+						continue
+					}
+					kept = append(kept, d)
+				}
+				s.pending = kept
 			}
 			ps.commit = off
 		}

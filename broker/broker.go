@@ -665,3 +665,19 @@ func ParseTime(s string) time.Time {
 	}
 	return t
 }
+
+// HistoryReplayer is implemented by adapters whose Capabilities.Replay is
+// true and that can make a queue read its history again (Kafka: reset the
+// consumer group's committed offsets to a time). `ferry replay` uses it;
+// on a broker without it, the command fails at once naming the Replay
+// capability.
+type HistoryReplayer interface {
+	// ReplaySince makes queue read again every message stored at or after
+	// since: its consumers see them once more, with their original IDs (the
+	// idempotent consumer absorbs those already handled). It returns how
+	// many stored messages the queue will read again. The queue's consumers
+	// must be stopped (Kafka: an empty consumer group); otherwise it
+	// returns an error saying so and changes nothing. Returns
+	// ErrUnknownQueue (wrapped) when the queue exists nowhere.
+	ReplaySince(ctx context.Context, queue string, since time.Time) (int64, error)
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # services.sh - run the servers ferry's CLI and tests talk to, on loopback,
 # without Docker: PostgreSQL, RabbitMQ (+ management), Mailpit (SMTP + HTTP
-# API) and nats-server with JetStream.
+# API), nats-server with JetStream and Apache Kafka (KRaft, one JVM).
 #
 #   compose/local/services.sh up     [NAME...]  install what is missing, start, provision
 #   compose/local/services.sh down   [NAME...]  stop and forget the chosen ports
@@ -13,7 +13,7 @@
 #   compose/local/services.sh reset  [NAME...]  stop and delete data, logs and ports
 #   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
 #
-# NAME is one of: postgres rabbitmq smtp nats (none = all).
+# NAME is one of: postgres rabbitmq smtp nats kafka (none = all).
 #
 # State (data, logs, pid files, chosen ports) lives in compose/local/.state/
 # (git-ignored; override with FERRY_STATE_DIR); `reset` deletes it, to start
@@ -24,12 +24,15 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE=${FERRY_STATE_DIR:-$HERE/.state}
-ALL=(postgres rabbitmq smtp nats)
+ALL=(postgres rabbitmq smtp nats kafka)
 
 NATS_MODULE=github.com/nats-io/nats-server/v2
 NATS_VERSION=v2.15.2
 MAILPIT_MODULE=github.com/axllent/mailpit
 MAILPIT_VERSION=v1.33.1
+KAFKA_VERSION=4.1.1
+KAFKA_SCALA=2.13
+SLF4J_VERSION=1.7.36
 
 # Default ports: the CLI's defaults.
 DEF_PG=5432
@@ -40,6 +43,8 @@ DEF_SMTP=1025
 DEF_SMTP_HTTP=8025
 DEF_NATS=4222
 DEF_NATS_HTTP=8222
+DEF_KAFKA=9092
+DEF_KAFKA_CONTROLLER=9093
 
 RMQ_BIN=/usr/lib/rabbitmq/bin
 START_TIMEOUT=${FERRY_SERVICES_TIMEOUT:-180} # seconds to wait for a server to be ready
@@ -111,7 +116,7 @@ stop_if_running() {
 	stop_pid "$1" "$2"
 }
 
-service_of_key() { case $1 in rabbitmq*) echo rabbitmq ;; smtp*) echo smtp ;; nats*) echo nats ;; *) echo "$1" ;; esac; }
+service_of_key() { case $1 in rabbitmq*) echo rabbitmq ;; smtp*) echo smtp ;; nats*) echo nats ;; kafka*) echo kafka ;; *) echo "$1" ;; esac; }
 
 choose_port() {
 	local key=$1 def=$2 p saved others
@@ -623,6 +628,149 @@ status_nats() {
 
 env_nats() { echo "export FERRY_NATS_URL=nats://127.0.0.1:$(saved_port nats)"; }
 
+# ------------------------------------------------------------ kafka
+
+# Apache Kafka in KRaft mode: broker and controller in one JVM on the
+# machine's Java 17. The jars come from Maven (`mvn dependency:copy-dependencies`
+# on a small pom) and are cached in $STATE/kafka-lib-$KAFKA_VERSION.
+KAFKA_DIR=$STATE/kafka
+KAFKA_LIB=$STATE/kafka-lib-$KAFKA_VERSION
+KAFKA_PIDFILE=$STATE/kafka.pid
+KAFKA_HEAP=${FERRY_KAFKA_HEAP:--Xmx512m -Xms128m}
+
+kafka_jars() {
+	[ -f "$KAFKA_LIB/.complete" ] && return 0
+	local pkgs=()
+	command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
+	command -v mvn >/dev/null || pkgs+=(maven)
+	[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+	say "kafka: fetching the Kafka $KAFKA_VERSION jars with mvn (first time only)"
+	local pom=$STATE/kafka-pom
+	mkdir -p "$pom" "$KAFKA_LIB"
+	cat >"$pom/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>ferry.local</groupId>
+  <artifactId>kafka-server</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_$KAFKA_SCALA</artifactId>
+      <version>$KAFKA_VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-reload4j</artifactId>
+      <version>$SLF4J_VERSION</version>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+	(cd "$pom" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$KAFKA_LIB" -DincludeScope=runtime) </dev/null >"$STATE/kafka-mvn.log" 2>&1 ||
+		fail_start kafka "$STATE/kafka-mvn.log" "mvn dependency:copy-dependencies failed"
+	touch "$KAFKA_LIB/.complete"
+}
+
+kafka_pid() {
+	local pid
+	pid=$(pidfile_pid "$KAFKA_PIDFILE")
+	pid_alive "$pid" && grep -qaF -- "$KAFKA_DIR/server.properties" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+# kafka_ready: the broker port accepts connections and the broker's log
+# says it finished starting since the last start.
+kafka_ready() {
+	tcp_ok "$(saved_port kafka)" && grep -q 'Kafka Server started' "$KAFKA_DIR/current.log" 2>/dev/null
+}
+
+start_kafka() {
+	kafka_jars
+	if [ -n "$(kafka_pid)" ]; then
+		if kafka_ready; then
+			say "kafka: already running on 127.0.0.1:$(saved_port kafka)"
+			return 0
+		fi
+	else
+		local port ctl
+		port=$(choose_port kafka $DEF_KAFKA)
+		ctl=$(choose_port kafka-controller $DEF_KAFKA_CONTROLLER)
+		mkdir -p "$KAFKA_DIR/data"
+		cat >"$KAFKA_DIR/server.properties" <<EOF
+# written by compose/local/services.sh on each start
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$ctl
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$ctl
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$KAFKA_DIR/data
+num.partitions=3
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+group.initial.rebalance.delay.ms=0
+log.cleaner.backoff.ms=1000
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+EOF
+		cat >"$KAFKA_DIR/log4j.properties" <<EOF
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+EOF
+		if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
+			local uuid
+			uuid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22)
+			say "kafka: formatting the storage in $KAFKA_DIR/data (cluster $uuid)"
+			java -Dlog4j.configuration="file:$KAFKA_DIR/log4j.properties" -cp "$KAFKA_LIB/*" kafka.tools.StorageTool format \
+				-t "$uuid" -c "$KAFKA_DIR/server.properties" </dev/null >"$STATE/kafka-format.log" 2>&1 ||
+				fail_start kafka "$STATE/kafka-format.log" "kafka.tools.StorageTool format failed"
+		fi
+		: >"$KAFKA_DIR/current.log"
+		say "kafka: starting Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$port (controller :$ctl)"
+		# shellcheck disable=SC2086
+		spawn kafka "$KAFKA_PIDFILE" "$KAFKA_DIR/current.log" java $KAFKA_HEAP -XX:+UseSerialGC \
+			-Djava.awt.headless=true -Dlog4j.configuration="file:$KAFKA_DIR/log4j.properties" \
+			-cp "$KAFKA_LIB/*" kafka.Kafka "$KAFKA_DIR/server.properties"
+	fi
+	local i
+	for i in $(seq $((START_TIMEOUT * 4))); do
+		kafka_ready && { say "kafka: ready"; return 0; }
+		[ -n "$(kafka_pid)" ] || fail_start kafka "$KAFKA_DIR/current.log" "the broker exited during start"
+		sleep 0.25
+	done
+	fail_start kafka "$KAFKA_DIR/current.log" "not ready after ${START_TIMEOUT}s"
+}
+
+stop_kafka() { stop_if_running kafka "$(kafka_pid)"; }
+
+status_kafka() {
+	local pid
+	pid=$(kafka_pid)
+	if [ -n "$pid" ]; then
+		local r=starting
+		kafka_ready && r=running
+		echo "$r  pid $pid  127.0.0.1:$(saved_port kafka)  controller :$(saved_port kafka-controller)  data $KAFKA_DIR/data  log $KAFKA_DIR/current.log"
+	else
+		echo "stopped"
+	fi
+}
+
+env_kafka() { echo "export FERRY_KAFKA_BROKERS=127.0.0.1:$(saved_port kafka)"; }
+
 # ------------------------------------------------------------ reset
 
 # reset_NAME: forget a stopped server's data, ports and logs.
@@ -633,6 +781,7 @@ reset_postgres() {
 reset_rabbitmq() { rm -rf "$RMQ_DIR" "$RMQ_LOG" "$STATE/rabbitmq.out" "$STATE"/ports/rabbitmq*; }
 reset_smtp() { rm -rf "$STATE/mailpit" "$STATE/smtp.log" "$SMTP_PIDFILE" "$STATE"/ports/smtp*; }
 reset_nats() { rm -rf "$STATE/nats" "$STATE/nats.log" "$NATS_PIDFILE" "$STATE"/ports/nats*; }
+reset_kafka() { rm -rf "$KAFKA_DIR" "$STATE/kafka.log" "$KAFKA_PIDFILE" "$STATE"/ports/kafka*; }
 
 # ------------------------------------------------------------ main
 
@@ -642,6 +791,7 @@ running() { # NAME: true if the server's process is alive
 	rabbitmq) [ -n "$(rmq_pid)" ] ;;
 	smtp) [ -n "$(smtp_pid)" ] ;;
 	nats) [ -n "$(nats_pid)" ] ;;
+	kafka) [ -n "$(kafka_pid)" ] ;;
 	esac
 }
 
@@ -664,7 +814,7 @@ names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${ALL[@]}")
 for n in "${names[@]}"; do
 	case $n in
-	postgres | rabbitmq | smtp | nats) ;;
+	postgres | rabbitmq | smtp | nats | kafka) ;;
 	*) die "unknown service '$n' (known: ${ALL[*]})" ;;
 	esac
 done
@@ -688,6 +838,7 @@ down)
 		rabbitmq) rm -f "$STATE/ports/rabbitmq" "$STATE/ports/rabbitmq-management" "$STATE/ports/rabbitmq-dist" ;;
 		smtp) rm -f "$STATE/ports/smtp" "$STATE/ports/smtp-http" ;;
 		nats) rm -f "$STATE/ports/nats" "$STATE/ports/nats-monitor" ;;
+		kafka) rm -f "$STATE/ports/kafka" "$STATE/ports/kafka-controller" ;;
 		esac
 	done
 	;;

@@ -4,7 +4,8 @@
 // tested in-process with any arguments.
 //
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
-// process), demo, dlq list|replay|purge and outbox stats. Every flag can
+// process), demo, dlq list|replay|purge, replay --since (brokers with the
+// Replay capability: Kafka) and outbox stats. Every flag can
 // also be set by an environment variable FERRY_<FLAG_NAME> (for example
 // --database-url and FERRY_DATABASE_URL).
 //
@@ -114,6 +115,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			runCommand(),
 			demoCommand(),
 			dlqCommand(),
+			replayCommand(),
 			outboxCommand(),
 		},
 	}

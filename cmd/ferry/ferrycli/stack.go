@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -123,6 +124,8 @@ func (s *settings) brokerURL() string {
 		return s.brokerOpts.RabbitMQURL
 	case "nats":
 		return s.brokerOpts.NATSURL
+	case "kafka":
+		return strings.Join(s.brokerOpts.KafkaBrokers, ",")
 	}
 	return ""
 }

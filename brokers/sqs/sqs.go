@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
@@ -69,7 +73,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
 	// The HTTP client's timeout outlasts the long poll (WaitTimeSeconds).
 	hc := awshttp.NewBuildableClient().WithTimeout(cfg.WaitTime + 15*time.Second)
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx,
+	opts := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithRegion(cfg.Region),
 		awsconfig.WithHTTPClient(hc),
 		awsconfig.WithRetryer(func() aws.Retryer {
@@ -80,7 +84,14 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 				o.MaxBackoff = 2 * time.Second
 				o.RateLimiter = ratelimit.None
 			})
-		}))
+		}),
+	}
+	if localEndpoint(cfg.Endpoint) && os.Getenv("AWS_ACCESS_KEY_ID") == "" && os.Getenv("AWS_PROFILE") == "" {
+		// A local emulator (ElasticMQ, LocalStack) takes any credentials;
+		// without this the SDK would probe the EC2 metadata service.
+		opts = append(opts, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("ferry", "ferry", "")))
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("sqs: load AWS configuration: %w", err)
 	}
@@ -98,6 +109,20 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		topos: map[string]broker.Topology{}, queues: map[string]*queueInfo{},
 		subs: map[*subscription]struct{}{}, open: map[*delivery]struct{}{},
 	}, nil
+}
+
+// localEndpoint reports whether endpoint is on loopback.
+func localEndpoint(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || endpoint == "" {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 func endpointName(c Config) string {

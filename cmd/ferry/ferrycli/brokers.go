@@ -14,6 +14,7 @@ import (
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 )
 
 // BrokerOptions are the command-line settings a broker constructor may use.
@@ -52,18 +53,21 @@ var Brokers = map[string]BrokerFunc{
 	"nats": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
 		return nats.New(ctx, nats.Config{URL: o.NATSURL, LookupExchange: o.LookupExchange, Logger: o.Logger})
 	},
+	"sqs": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
+		return sqs.New(ctx, sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, LookupExchange: o.LookupExchange, Logger: o.Logger})
+	},
 }
 
 // plannedBrokers are --broker names that are recognised but whose adapters
 // are not built yet.
-var plannedBrokers = []string{"kafka", "sqs"}
+var plannedBrokers = []string{"kafka"}
 
 // Errors of OpenBroker.
 var (
 	// ErrUnknownBroker is returned for a --broker name ferry does not know.
 	ErrUnknownBroker = errors.New("ferry: unknown broker")
 	// ErrBrokerNotAvailable is returned for a --broker name that is
-	// planned but whose adapter is not built yet (kafka, sqs).
+	// planned but whose adapter is not built yet (kafka).
 	ErrBrokerNotAvailable = errors.New("ferry: broker not available yet")
 )
 

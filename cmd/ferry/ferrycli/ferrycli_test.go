@@ -31,7 +31,6 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{"unknown broker", []string{"relay", "--broker", "pigeon"}, []string{"unknown broker", `"pigeon"`, "rabbitmq"}},
 		{"kafka not built", []string{"worker", "--broker", "kafka"}, []string{"not available yet", "kafka", "available: "}},
-		{"sqs not built", []string{"dlq", "list", "--broker=sqs"}, []string{"not available yet", "sqs"}},
 		{"retry delay item", []string{"worker", "--retry-delay", "1s,abc"}, []string{"--retry-delay", `item 2 "abc"`}},
 		{"retry delay zero", []string{"worker", "--retry-delay", "0s"}, []string{"--retry-delay", "must be positive"}},
 		{"retention", []string{"relay", "--retention", "7 days"}, []string{"--retention", "7d"}},

@@ -122,6 +122,11 @@ func (s *settings) brokerURL() string {
 		return s.brokerOpts.RabbitMQURL
 	case "nats":
 		return s.brokerOpts.NATSURL
+	case "sqs":
+		if s.brokerOpts.SQSEndpoint == "" {
+			return "AWS SQS " + s.brokerOpts.AWSRegion
+		}
+		return s.brokerOpts.SQSEndpoint
 	}
 	return ""
 }

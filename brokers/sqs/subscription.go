@@ -175,7 +175,7 @@ func (s *subscription) poll() {
 			QueueUrl:                    aws.String(url),
 			MaxNumberOfMessages:         int32(n),
 			WaitTimeSeconds:             int32(s.b.cfg.WaitTime / time.Second),
-			VisibilityTimeout:           s.vis,
+			VisibilityTimeout:           min(s.vis, pollVisibility),
 			MessageAttributeNames:       attrNames,
 			MessageSystemAttributeNames: sysAttrNames,
 		})
@@ -183,6 +183,9 @@ func (s *subscription) poll() {
 		if err == nil {
 			for _, m := range out.Messages {
 				got = append(got, s.newDelivery(url, m))
+			}
+			if s.vis > pollVisibility && len(got) > 0 {
+				s.extend(url, got)
 			}
 		}
 		s.mu.Lock()
@@ -224,6 +227,31 @@ func (s *subscription) poll() {
 	}
 }
 
+// pollVisibility is the visibility timeout (seconds) a ReceiveMessage
+// asks for; the adapter raises it to the AckDeadline right after the
+// messages arrive. A long poll abandoned by a closing process (the server
+// may still hand it messages after the client has gone) so hides them for
+// 5 s, not for the whole AckDeadline.
+const pollVisibility = 5
+
+// extend sets the visibility of ds to the AckDeadline (batches of 10).
+func (s *subscription) extend(url string, ds []*delivery) {
+	for i := 0; i < len(ds); i += MaxBatchEntries {
+		var entries []types.ChangeMessageVisibilityBatchRequestEntry
+		for j, d := range ds[i:min(i+MaxBatchEntries, len(ds))] {
+			entries = append(entries, types.ChangeMessageVisibilityBatchRequestEntry{
+				Id: aws.String("h" + strconv.Itoa(j)), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: s.vis})
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, time.Duration(pollVisibility)*time.Second)
+		_, err := s.b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
+			QueueUrl: aws.String(url), Entries: entries})
+		cancel()
+		if err != nil && s.ctx.Err() == nil {
+			s.logErr("sqs: visibility heartbeat", err)
+		}
+	}
+}
+
 // logErr logs at most one receive error every 10 s.
 func (s *subscription) logErr(msg string, err error) {
 	s.mu.Lock()
@@ -257,20 +285,7 @@ func (s *subscription) heartbeat() {
 			byURL[d.url] = append(byURL[d.url], d)
 		}
 		for url, ds := range byURL {
-			for i := 0; i < len(ds); i += MaxBatchEntries {
-				var entries []types.ChangeMessageVisibilityBatchRequestEntry
-				for j, d := range ds[i:min(i+MaxBatchEntries, len(ds))] {
-					entries = append(entries, types.ChangeMessageVisibilityBatchRequestEntry{
-						Id: aws.String("h" + strconv.Itoa(j)), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: s.vis})
-				}
-				ctx, cancel := context.WithTimeout(s.ctx, every)
-				_, err := s.b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
-					QueueUrl: aws.String(url), Entries: entries})
-				cancel()
-				if err != nil && s.ctx.Err() == nil {
-					s.logErr("sqs: visibility heartbeat", err)
-				}
-			}
+			s.extend(url, ds)
 		}
 	}
 }

@@ -128,30 +128,51 @@ func (b *Broker) Publish(ctx context.Context, msgs []*broker.Message) error {
 		wg      sync.WaitGroup
 		sem     = make(chan struct{}, sendConcurrency)
 	)
+	record := func(entryErrs map[int]error, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if callErr == nil {
+				callErr = err
+			}
+			return
+		}
+		for idx, e := range entryErrs {
+			if _, dup := failed[idx]; !dup {
+				failed[idx] = e
+			}
+		}
+	}
 	for qi, ps := range perQueue {
 		qi.mu.Lock()
 		limit := qi.limit
 		qi.mu.Unlock()
-		for _, batch := range splitBatches(ps, limit) {
+		batches := splitBatches(ps, limit)
+		if b.cfg.FIFO {
+			// One queue's calls in order: a FIFO queue keeps the order
+			// in which its calls arrive.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, batch := range batches {
+					sem <- struct{}{}
+					entryErrs, err := b.sendBatch(ctx, qi, batch)
+					<-sem
+					record(entryErrs, err)
+					if err != nil {
+						return
+					}
+				}
+			}()
+			continue
+		}
+		for _, batch := range batches {
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				entryErrs, err := b.sendBatch(ctx, qi, batch)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if callErr == nil {
-						callErr = err
-					}
-					return
-				}
-				for idx, e := range entryErrs {
-					if _, dup := failed[idx]; !dup {
-						failed[idx] = e
-					}
-				}
+				record(b.sendBatch(ctx, qi, batch))
 			}()
 		}
 	}
@@ -204,6 +225,7 @@ func (b *Broker) sendBatch(ctx context.Context, qi *queueInfo, batch []pending) 
 		byID[aws.ToString(p.entry.Id)] = p.idx
 	}
 	url, _ := qi.urls()
+	b.sendCalls.Add(1)
 	out, err := b.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
 	if err != nil && notExist(err) && ctx.Err() == nil {
 		if rerr := b.redeclare(ctx, qi); rerr != nil {

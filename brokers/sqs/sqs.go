@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -44,6 +45,7 @@ type Broker struct {
 	open         map[*delivery]struct{} // handed out, unsettled
 	declMu       sync.Mutex             // serialises re-declares
 	fallbackOnce sync.Once
+	sendCalls    atomic.Int64 // SendMessageBatch calls made (tests)
 }
 
 // queueInfo is one declared work queue and its DLQ on the server.

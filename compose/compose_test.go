@@ -58,7 +58,8 @@ func TestProfilesLoad(t *testing.T) {
 		names(load(t, "rabbitmq").Services))
 	require.Equal(t, sorted("postgres", "mailpit", "migrate", "nats", "api-nats", "relay-nats", "worker-nats"),
 		names(load(t, "nats").Services))
-	require.Equal(t, sorted("postgres", "mailpit", "migrate", "localstack"), names(load(t, "sqs").Services))
+	require.Equal(t, sorted("postgres", "mailpit", "migrate", "localstack", "api-sqs", "relay-sqs", "worker-sqs"),
+		names(load(t, "sqs").Services))
 	require.Equal(t, "ferry", load(t, "*").Name)
 }
 
@@ -133,6 +134,7 @@ func TestServersHaveHealthchecks(t *testing.T) {
 var brokerURL = map[string]struct{ env, service, port string }{
 	"rabbitmq": {"FERRY_RABBITMQ_URL", "rabbitmq", "5672"},
 	"nats":     {"FERRY_NATS_URL", "nats", "4222"},
+	"sqs":      {"FERRY_SQS_ENDPOINT", "localstack", "4566"},
 }
 
 func env(s types.ServiceConfig, name string) string {
@@ -191,7 +193,7 @@ func TestRoles(t *testing.T) {
 			commands[broker] = append(commands[broker], cmd)
 		})
 	}
-	for _, broker := range []string{"rabbitmq", "nats"} {
+	for _, broker := range []string{"rabbitmq", "nats", "sqs"} {
 		require.ElementsMatch(t, []string{"api", "relay", "worker"}, commands[broker], "roles of profile %s", broker)
 	}
 }

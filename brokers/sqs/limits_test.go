@@ -297,3 +297,29 @@ func TestDeclareMismatch(t *testing.T) {
 	require.ErrorIs(t, err, broker.ErrTopologyMismatch)
 	t.Logf("mismatch: %v", err)
 }
+
+// TestQueueDeletedUnderRunningProcess: the queues are deleted under a
+// running publisher and consumer; the next publish and receive declare
+// them again and both go on.
+func TestQueueDeletedUnderRunningProcess(t *testing.T) {
+	tp := topology("gone", "evt.gone")
+	b := declaredRaw(t, config(), tp)
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.NoError(t, b.Publish(ctxFor(t, 10*time.Second), []*broker.Message{{ID: "before", Type: "evt.gone", Body: []byte("{}")}}))
+	require.Equal(t, map[string]int{"before": 1}, drain(t, sub, 3*time.Second))
+
+	deleteTopology(ctxFor(t, 20*time.Second), t, tp, false)
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), []*broker.Message{{ID: "after", Type: "evt.gone", Body: []byte("{}")}}),
+		"Publish declares the deleted queue again")
+	start := time.Now()
+	d, err := sub.Receive(ctxFor(t, 30*time.Second))
+	require.NoError(t, err, "the subscription recovers")
+	t.Logf("received %v after the publish", time.Since(start))
+	require.Equal(t, "after", d.Message().ID)
+	require.NoError(t, d.DeadLetter(ctxFor(t, 10*time.Second), "dead after the re-declare"))
+	dlq, err := b.DLQ(tp.Queues[0].Name)
+	require.NoError(t, err)
+	list, err := dlq.List(ctxFor(t, 10*time.Second), 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+}

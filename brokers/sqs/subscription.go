@@ -49,6 +49,8 @@ func (b *Broker) Subscribe(ctx context.Context, queue string, opts broker.Subscr
 	sctx, cancel := context.WithCancel(b.ctx)
 	s := &subscription{b: b, qi: qi, opts: opts, vis: vis, ctx: sctx, cancel: cancel,
 		changed: make(chan struct{}), held: map[string]int{}}
+	url, _ := qi.urls()
+	s.acks = &acker{b: b, url: url}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -83,7 +85,8 @@ type subscription struct {
 	inflight int            // reserved by a poll + buffered + handed out unsettled
 	held     map[string]int // Ordered: Key -> handed-out unsettled deliveries
 	changed  chan struct{}  // closed and replaced on every change
-	errLog   time.Time      // last receive error logged
+	acks     *acker
+	errLog   time.Time // last receive error logged
 }
 
 func (s *subscription) signal() {

@@ -49,10 +49,12 @@
 // Subscribe long-polls (WaitTimeSeconds = Config.WaitTime, 20 s; the HTTP
 // client's timeout is 15 s longer), naming the message attributes and the
 // system attributes ApproximateReceiveCount, ApproximateFirstReceiveTimestamp
-// and SentTimestamp (AWS returns only what is named). A receive asks for a
-// 5 s visibility timeout, raised to SubscribeOptions.AckDeadline as soon as
-// the messages arrive, so the messages an abandoned long poll took (a
-// closing process) come back within 5 s. Messages received and not yet
+// and SentTimestamp (AWS returns only what is named). A long poll asks for
+// a 5 s visibility timeout, raised to SubscribeOptions.AckDeadline as soon
+// as the messages arrive, so the messages an abandoned long poll took (a
+// closing process) come back within 5 s; while the queue is busy (the last
+// receive was full) a receive does not wait and asks for the AckDeadline
+// at once. Messages received and not yet
 // handed out by Receive get a visibility heartbeat every third of the
 // deadline; Delivery.Extend (ChangeMessageVisibility) keeps the handed-out
 // ones. At most SubscribeOptions.Prefetch messages are received and not
@@ -63,7 +65,9 @@
 //
 // # Settling
 //
-// Ack is DeleteMessage. Retry is ChangeMessageVisibility to the delay,
+// Ack is DeleteMessageBatch, shared by the Acks of the next 2 ms of a
+// subscription; an entry SQS refuses is deleted again with DeleteMessage,
+// and its Ack fails if that fails too. Retry is ChangeMessageVisibility to the delay,
 // rounded up to whole seconds, at least 1 s and at most 12 h
 // (Capabilities.MaxDelay): the message stays the same
 // (Capabilities.RetryInPlace), so the next delivery carries

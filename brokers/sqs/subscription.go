@@ -153,6 +153,7 @@ func (s *subscription) settled(d *delivery) {
 func (s *subscription) poll() {
 	defer s.wg.Done()
 	backoff := 100 * time.Millisecond
+	busy := false
 	for {
 		s.mu.Lock()
 		for !s.closed && s.inflight >= s.opts.Prefetch {
@@ -174,11 +175,19 @@ func (s *subscription) poll() {
 		s.mu.Unlock()
 
 		url, _ := s.qi.urls()
+		// While the queue is busy (the last receive was full) a receive
+		// does not wait and takes the whole AckDeadline at once; an idle
+		// queue is long-polled with the short visibility, raised on
+		// arrival.
+		wait, vis := int32(s.b.cfg.WaitTime/time.Second), min(s.vis, pollVisibility)
+		if busy {
+			wait, vis = 0, s.vis
+		}
 		out, err := s.b.client.ReceiveMessage(s.ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(url),
 			MaxNumberOfMessages:         int32(n),
-			WaitTimeSeconds:             int32(s.b.cfg.WaitTime / time.Second),
-			VisibilityTimeout:           min(s.vis, pollVisibility),
+			WaitTimeSeconds:             wait,
+			VisibilityTimeout:           vis,
 			MessageAttributeNames:       attrNames,
 			MessageSystemAttributeNames: sysAttrNames,
 		})
@@ -187,10 +196,11 @@ func (s *subscription) poll() {
 			for _, m := range out.Messages {
 				got = append(got, s.newDelivery(url, m))
 			}
-			if s.vis > pollVisibility && len(got) > 0 {
+			if s.vis > vis && len(got) > 0 {
 				s.extend(url, got)
 			}
 		}
+		busy = err == nil && len(got) == n
 		s.mu.Lock()
 		s.inflight -= n - len(got)
 		if s.closed {

@@ -26,6 +26,7 @@ import (
 	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
@@ -42,7 +43,7 @@ const bodyBytes = 160
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 // kinds are the brokers every benchmark runs on.
-var kinds = []string{"rabbitmq", "nats", "kafka"}
+var kinds = []string{"rabbitmq", "nats", "kafka", "sqs"}
 
 // settings are the tunables, all public configuration of ferry's packages.
 // Each can be overridden by an environment variable (named in
@@ -228,6 +229,9 @@ func newBroker(b *testing.B, kind string, tp broker.Topology, s settings) broker
 	case "kafka":
 		testenv.RequireTCP(b, "kafka", testenv.KafkaBrokers()[0])
 		br, err = kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), Logger: quietLogger})
+	case "sqs":
+		testenv.RequireTCP(b, "sqs", testenv.HostPort(testenv.SQSEndpoint()))
+		br, err = sqs.New(ctx, sqs.Config{Endpoint: testenv.SQSEndpoint(), Region: testenv.AWSRegion(), Logger: quietLogger})
 	default:
 		b.Fatalf("bench: unknown broker %q", kind)
 	}
@@ -264,6 +268,8 @@ func deleteTopology(b *testing.B, kind string, tp broker.Topology) {
 		if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
 			b.Logf("bench: delete exchange %s: %v", tp.Exchange, err)
 		}
+	case "sqs":
+		deleteSQSTopology(b, tp)
 	case "nats":
 		nc, err := natsgo.Connect(testenv.NATSURL())
 		if err != nil {
@@ -313,6 +319,8 @@ func purgeQueues(b *testing.B, kind string, tp broker.Topology) {
 	case "kafka":
 		// A log is not emptied: appending costs the same at any length,
 		// and each consumer group reads from its own committed offset.
+	case "sqs":
+		purgeSQS(b, tp)
 	}
 }
 

@@ -433,6 +433,13 @@ type Capabilities struct {
 	// retries asked for by the handler (NATS NumDelivered, SQS
 	// ApproximateReceiveCount).
 	CountsRedeliveries bool
+	// RetryInPlace is true when Delivery.Retry only hides the message for
+	// the delay and cannot rewrite it (SQS ChangeMessageVisibility): the
+	// next delivery's HeaderRetryCount and HeaderFirstFailedAt are derived
+	// from the broker's receive count and first receive time, and the
+	// retry's reason is not carried to it in HeaderLastError. DeadLetter
+	// still sets HeaderLastError.
+	RetryInPlace bool
 }
 
 // Requirements is what a configuration asks of a broker; see Check.

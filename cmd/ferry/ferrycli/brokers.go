@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 )
 
 // BrokerOptions are the command-line settings a broker constructor may use.
@@ -56,19 +56,15 @@ var Brokers = map[string]BrokerFunc{
 	"kafka": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
 		return kafka.New(ctx, kafka.Config{Brokers: o.KafkaBrokers, Logger: o.Logger})
 	},
+	"sqs": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
+		return sqs.New(ctx, sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, LookupExchange: o.LookupExchange, Logger: o.Logger})
+	},
 }
-
-// plannedBrokers are --broker names that are recognised but whose adapters
-// are not built yet.
-var plannedBrokers = []string{"sqs"}
 
 // Errors of OpenBroker.
 var (
 	// ErrUnknownBroker is returned for a --broker name ferry does not know.
 	ErrUnknownBroker = errors.New("ferry: unknown broker")
-	// ErrBrokerNotAvailable is returned for a --broker name that is
-	// planned but whose adapter is not built yet (sqs).
-	ErrBrokerNotAvailable = errors.New("ferry: broker not available yet")
 )
 
 // BrokerNames returns the names in Brokers, sorted.
@@ -82,15 +78,12 @@ func BrokerNames() []string {
 }
 
 // lookupBroker returns the constructor of name, or an error wrapping
-// ErrUnknownBroker or ErrBrokerNotAvailable that lists the choices.
+// ErrUnknownBroker that lists the choices.
 func lookupBroker(name string) (BrokerFunc, error) {
 	if f, ok := Brokers[name]; ok {
 		return f, nil
 	}
 	avail := strings.Join(BrokerNames(), ", ")
-	if slices.Contains(plannedBrokers, name) {
-		return nil, fmt.Errorf("%w: --broker %s: its adapter is not built yet; available: %s", ErrBrokerNotAvailable, name, avail)
-	}
 	return nil, fmt.Errorf("%w: --broker %q: want one of: %s", ErrUnknownBroker, name, avail)
 }
 

@@ -65,7 +65,7 @@ func cmdName(c *cli.Context) string {
 // unknown or unavailable broker, a configuration a package refused
 // (app, outbox, worker), or a flag urfave/cli could not parse.
 func isUsageError(err error) bool {
-	for _, target := range []error{ErrUsage, ErrUnknownBroker, ErrBrokerNotAvailable, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
+	for _, target := range []error{ErrUsage, ErrUnknownBroker, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
 		if errors.Is(err, target) {
 			return true
 		}

@@ -104,7 +104,7 @@ func databaseFlags() []cli.Flag {
 func brokerFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: flagBroker, Value: DefaultBroker, EnvVars: env(flagBroker),
-			Usage: "message broker: rabbitmq, nats or kafka (sqs: not available yet); demo and run without it use an embedded NATS server, or --nats-url when that is given"},
+			Usage: "message broker: rabbitmq, nats, kafka or sqs; demo and run without it use an embedded NATS server, or --nats-url when that is given"},
 		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL (--broker rabbitmq)"},
 		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (--broker nats)" + embeddedNote},
 		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port (--broker kafka)"},

@@ -126,6 +126,11 @@ func (s *settings) brokerURL() string {
 		return s.brokerOpts.NATSURL
 	case "kafka":
 		return strings.Join(s.brokerOpts.KafkaBrokers, ",")
+	case "sqs":
+		if s.brokerOpts.SQSEndpoint == "" {
+			return "AWS SQS " + s.brokerOpts.AWSRegion
+		}
+		return s.brokerOpts.SQSEndpoint
 	}
 	return ""
 }

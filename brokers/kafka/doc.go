@@ -43,7 +43,8 @@
 // acknowledged every record. Messages the adapter refuses itself (too
 // large, malformed, unroutable) and records the broker refuses one by one
 // (MESSAGE_TOO_LARGE, INVALID_RECORD) are entries of a
-// *broker.PublishError; any other failure (a broker outage, ctx's
+// *broker.PublishError whose errors broker.IsMessageFault recognises
+// (ErrMessageTooLarge, ErrInvalidMessage, ErrUnroutable); any other failure (a broker outage, ctx's
 // deadline) is a plain error for the whole batch. A Publish never outlives
 // its ctx (Config.PublishTimeout, 30 s, when ctx has no deadline).
 // Capabilities.MaxMessageBytes is the broker's message.max.bytes less

@@ -65,21 +65,29 @@ func fromRecord(r kafkago.Message) (*broker.Message, map[string]string) {
 	return m, internal
 }
 
-// check returns why m cannot be published, or nil.
+// check returns why m cannot be published, or nil. A malformed message
+// wraps broker.ErrInvalidMessage and an oversized one
+// broker.ErrMessageTooLarge, so that a caller (the outbox relay) parks
+// that message (broker.IsMessageFault) and does not take the broker for
+// unreachable. Kafka carries any bytes in keys and header names and
+// values, so only what ferry's contract and the adapter need is checked.
 func (b *kafkaBroker) check(m *broker.Message) error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{broker.ErrInvalidMessage}, args...)...)
+	}
 	switch {
 	case m == nil:
-		return errors.New("kafka: publish: nil message")
+		return invalid("kafka: publish: nil message")
 	case m.ID == "":
-		return errors.New("kafka: publish: message without ID")
+		return invalid("kafka: publish: message without ID")
 	case len(m.ID) > maxIDBytes:
-		return fmt.Errorf("kafka: publish: message ID of %d bytes, at most %d", len(m.ID), maxIDBytes)
+		return invalid("kafka: publish: message ID of %d bytes, at most %d", len(m.ID), maxIDBytes)
 	case m.Type == "":
-		return fmt.Errorf("kafka: publish: message %s without Type", m.ID)
+		return invalid("kafka: publish: message %s without Type", m.ID)
 	}
 	for k := range m.Headers {
 		if k == "" || strings.HasPrefix(k, "x-ferry-") {
-			return fmt.Errorf("kafka: publish: message %s: header name %q is empty or reserved for the adapter (x-ferry-)", m.ID, k)
+			return invalid("kafka: publish: message %s: header name %q is empty or reserved for the adapter (x-ferry-)", m.ID, k)
 		}
 	}
 	if size := m.Size(); size > b.caps.MaxMessageBytes {
@@ -93,7 +101,7 @@ func (b *kafkaBroker) check(m *broker.Message) error {
 // exchange with one WriteMessages (acks=all, synchronous). Messages whose
 // Type no declared queue of the exchange is bound to fail with
 // broker.ErrUnroutable, too large ones with broker.ErrMessageTooLarge,
-// malformed ones with a descriptive error; all three are entries of a
+// malformed ones with broker.ErrInvalidMessage; all three are entries of a
 // *broker.PublishError and are not written. A record the broker refuses
 // for itself (MESSAGE_TOO_LARGE, INVALID_RECORD) is an entry too. Any other
 // failure (broker down, topic missing after a re-declare, ctx ended) is a
@@ -202,7 +210,9 @@ func messageError(err error) (error, bool) {
 	switch {
 	case errors.Is(err, kafkago.MessageSizeTooLarge), errors.As(err, &mtl):
 		return fmt.Errorf("%w: kafka: %v", broker.ErrMessageTooLarge, err), true
-	case errors.Is(err, kafkago.InvalidMessage), errors.Is(err, kafkago.InvalidRecord), errors.Is(err, kafkago.InvalidTimestamp):
+	case errors.Is(err, kafkago.InvalidMessage), errors.Is(err, kafkago.InvalidRecord):
+		return fmt.Errorf("%w: kafka: %v", broker.ErrInvalidMessage, err), true
+	case errors.Is(err, kafkago.InvalidTimestamp):
 		return fmt.Errorf("%w: kafka: %v", broker.ErrNacked, err), true
 	}
 	return nil, false

@@ -41,10 +41,11 @@ func unprocessed(t *testing.T, pool *pgxpool.Pool) int {
 
 // The relay on Kafka: a deleted work topic is declared again by the next
 // publish and the rows go out; while the broker is down every publish
-// fails within the relay's PublishTimeout, the rows stay unprocessed, the
-// relay stops cleanly when cancelled (SIGTERM) in the middle of a write,
-// and a new relay sends every row once the broker is back. Not parallel:
-// it stops the shared Kafka (compose/local/services.sh).
+// fails within the relay's PublishTimeout, the rows stay unprocessed and
+// are neither parked nor charged an attempt (an outage, not a message
+// fault), the relay stops cleanly when cancelled (SIGTERM) in the middle
+// of a write, and a new relay sends every row once the broker is back.
+// Not parallel: it stops the shared Kafka (compose/local/services.sh).
 func TestRelayTopicDeletedAndBrokerDown(t *testing.T) {
 	tp := topology("kafka-relay")
 	b := declared(t, tp)
@@ -139,6 +140,14 @@ func TestRelayTopicDeletedAndBrokerDown(t *testing.T) {
 	require.Less(t, slowestFail, publishTimeout+2*time.Second, "a failing publish ends within its deadline")
 	mu.Unlock()
 	require.Equal(t, 20, unprocessed(t, pool))
+	// A dead broker is an outage of the whole relay, not a fault of each
+	// message: no row is parked or charged an attempt (issue 7, item 1).
+	st, err := outbox.ReadStats(context.Background(), pool)
+	require.NoError(t, err)
+	require.Zero(t, st.Parked, "no row is parked while Kafka is down")
+	var charged int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE attempts > 0`).Scan(&charged))
+	require.Zero(t, charged, "no row is charged an attempt while Kafka is down")
 
 	testenv.Services(t, "start", "kafka")
 	stopped = false

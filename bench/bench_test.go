@@ -57,8 +57,14 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			// stream, not batches.
 			runPar := par > 1 || kind == "nats"
 			single, singleMetric := "one channel", "raw-1ch-msgs/s"
-			if kind == "nats" {
+			switch kind {
+			case "nats":
 				single, singleMetric = "one stream of all N, every PubAck awaited at the end", "raw-stream-msgs/s"
+			case "kafka":
+				single, singleMetric = "one kafka-go Writer, RequireAll", "raw-1pub-msgs/s"
+			}
+			if kind == "sqs" {
+				single, singleMetric = "one publisher, batches of BatchSize as SendMessageBatch calls of 10, 8 calls in flight", "raw-1pub-msgs/s"
 			}
 			raw := func() (one, many float64) {
 				one = rawSingle(b, kind, tp, n, s.relayBatch)
@@ -88,14 +94,20 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			b.ReportMetric(0, "ns/op")
 			b.Logf("%s: %d events, %s; %s", kind, n, describeMessage(), s)
 			how := single
-			if kind == "rabbitmq" {
+			if kind == "rabbitmq" || kind == "kafka" {
 				how = fmt.Sprintf("%s, batches of %d", single, s.relayBatch)
 			}
 			b.Logf("%s: raw confirmed publish, one publisher (%s): %.0f msgs/s (before %.0f, after %.0f)", kind, how, one, oneBefore, oneAfter)
 			if runPar {
 				who := "channels"
-				if kind == "nats" {
+				switch kind {
+				case "nats":
 					who = "publishers on one connection"
+				case "kafka":
+					who = "publishers on one kafka-go Writer (RequireAll)"
+				}
+				if kind == "sqs" {
+					who = "publishers on one SDK client (SendMessageBatch of 10, 8 calls in flight each)"
 				}
 				b.Logf("%s: raw confirmed publish, %d %s at once (the relay's parallelism), batches of %d, all confirms awaited per batch: %.0f msgs/s (before %.0f, after %.0f)", kind, par, who, s.relayBatch, many, manyBefore, manyAfter)
 				b.Logf("%s: relay %.0f msgs/s = %.2f x the faster raw baseline (aim >= 0.6); %.2f x one publisher, %.2f x the relay's shape", kind, relayRate, ratio, relayRate/one, relayRate/many)

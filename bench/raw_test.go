@@ -35,6 +35,10 @@ func rawSingle(b *testing.B, kind string, tp broker.Topology, n, batch int) floa
 		return rawRabbitMQ(b, tp.Exchange, n, 1, batch)
 	case "nats":
 		return rawNATSStream(b, tp.Exchange, n)
+	case "kafka":
+		return rawKafka(b, tp.Exchange, n, 1, batch)
+	case "sqs":
+		return rawSQS(b, tp, n, 1, batch)
 	}
 	b.Fatalf("bench: unknown broker %q", kind)
 	return 0
@@ -52,6 +56,10 @@ func rawParallel(b *testing.B, kind string, tp broker.Topology, n, publishers, b
 		return rawRabbitMQ(b, tp.Exchange, n, publishers, batch)
 	case "nats":
 		return rawNATSBatches(b, tp.Exchange, n, publishers, batch)
+	case "kafka":
+		return rawKafka(b, tp.Exchange, n, publishers, batch)
+	case "sqs":
+		return rawSQS(b, tp, n, publishers, batch)
 	}
 	b.Fatalf("bench: unknown broker %q", kind)
 	return 0

@@ -23,8 +23,10 @@ import (
 
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
@@ -41,7 +43,7 @@ const bodyBytes = 160
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 // kinds are the brokers every benchmark runs on.
-var kinds = []string{"rabbitmq", "nats"}
+var kinds = []string{"rabbitmq", "nats", "kafka", "sqs"}
 
 // settings are the tunables, all public configuration of ferry's packages.
 // Each can be overridden by an environment variable (named in
@@ -224,6 +226,12 @@ func newBroker(b *testing.B, kind string, tp broker.Topology, s settings) broker
 	case "nats":
 		testenv.RequireTCP(b, "nats", testenv.HostPort(testenv.NATSURL()))
 		br, err = nats.New(ctx, nats.Config{URL: testenv.NATSURL(), Logger: quietLogger})
+	case "kafka":
+		testenv.RequireTCP(b, "kafka", testenv.KafkaBrokers()[0])
+		br, err = kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), Logger: quietLogger})
+	case "sqs":
+		testenv.RequireTCP(b, "sqs", testenv.HostPort(testenv.SQSEndpoint()))
+		br, err = sqs.New(ctx, sqs.Config{Endpoint: testenv.SQSEndpoint(), Region: testenv.AWSRegion(), Logger: quietLogger})
 	default:
 		b.Fatalf("bench: unknown broker %q", kind)
 	}
@@ -260,6 +268,8 @@ func deleteTopology(b *testing.B, kind string, tp broker.Topology) {
 		if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
 			b.Logf("bench: delete exchange %s: %v", tp.Exchange, err)
 		}
+	case "sqs":
+		deleteSQSTopology(b, tp)
 	case "nats":
 		nc, err := natsgo.Connect(testenv.NATSURL())
 		if err != nil {
@@ -277,6 +287,8 @@ func deleteTopology(b *testing.B, kind string, tp broker.Topology) {
 				b.Logf("bench: delete stream %s: %v", s, err)
 			}
 		}
+	case "kafka":
+		deleteKafkaTopology(ctx, b, tp)
 	}
 }
 
@@ -304,6 +316,11 @@ func purgeQueues(b *testing.B, kind string, tp broker.Topology) {
 		st, err := js.Stream(ctx, nats.StreamName(tp.Exchange))
 		must(b, err)
 		must(b, st.Purge(ctx))
+	case "kafka":
+		// A log is not emptied: appending costs the same at any length,
+		// and each consumer group reads from its own committed offset.
+	case "sqs":
+		purgeSQS(b, tp)
 	}
 }
 

@@ -438,6 +438,13 @@ type Capabilities struct {
 	// retries asked for by the handler (NATS NumDelivered, SQS
 	// ApproximateReceiveCount).
 	CountsRedeliveries bool
+	// RetryInPlace is true when Delivery.Retry only hides the message for
+	// the delay and cannot rewrite it (SQS ChangeMessageVisibility): the
+	// next delivery's HeaderRetryCount and HeaderFirstFailedAt are derived
+	// from the broker's receive count and first receive time, and the
+	// retry's reason is not carried to it in HeaderLastError. DeadLetter
+	// still sets HeaderLastError.
+	RetryInPlace bool
 }
 
 // Requirements is what a configuration asks of a broker; see Check.
@@ -669,4 +676,20 @@ func ParseTime(s string) time.Time {
 		return time.Time{}
 	}
 	return t
+}
+
+// HistoryReplayer is implemented by adapters whose Capabilities.Replay is
+// true and that can make a queue read its history again (Kafka: reset the
+// consumer group's committed offsets to a time). `ferry replay` uses it;
+// on a broker without it, the command fails at once naming the Replay
+// capability.
+type HistoryReplayer interface {
+	// ReplaySince makes queue read again every message stored at or after
+	// since: its consumers see them once more, with their original IDs (the
+	// idempotent consumer absorbs those already handled). It returns how
+	// many stored messages the queue will read again. The queue's consumers
+	// must be stopped (Kafka: an empty consumer group); otherwise it
+	// returns an error saying so and changes nothing. Returns
+	// ErrUnknownQueue (wrapped) when the queue exists nowhere.
+	ReplaySince(ctx context.Context, queue string, since time.Time) (int64, error)
 }

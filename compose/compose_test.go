@@ -453,15 +453,9 @@ func TestRoles(t *testing.T) {
 		require.ElementsMatch(t, roleCommands, commands[b], "roles of profile %s", b)
 	}
 
-	// The broker names are ones ferry knows: built (ferrycli.Brokers), or
-	// recognised and still being built; a misspelled one is an
-	// ErrUnknownBroker.
+	// The broker names are ones ferry has an adapter for.
 	for _, b := range brokerProfiles {
-		if _, ok := ferrycli.Brokers[b]; ok {
-			continue
-		}
-		_, err := ferrycli.OpenBroker(context.Background(), b, ferrycli.BrokerOptions{})
-		require.ErrorIs(t, err, ferrycli.ErrBrokerNotAvailable, "--broker %s", b)
+		require.Contains(t, ferrycli.Brokers, b, "--broker %s", b)
 	}
 
 	// SQS: region and credentials for the AWS SDK.

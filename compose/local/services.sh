@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # services.sh - run the servers ferry's CLI and tests talk to, on loopback,
 # without Docker: PostgreSQL, RabbitMQ (+ management), Mailpit (SMTP + HTTP
-# API) and nats-server with JetStream.
+# API), nats-server with JetStream, Apache Kafka (KRaft, one JVM) and
+# ElasticMQ (an SQS-compatible server on Java 17).
 #
 #   compose/local/services.sh up     [NAME...]  install what is missing, start, provision
 #   compose/local/services.sh down   [NAME...]  stop and forget the chosen ports
@@ -13,7 +14,7 @@
 #   compose/local/services.sh reset  [NAME...]  stop and delete data, logs and ports
 #   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
 #
-# NAME is one of: postgres rabbitmq smtp nats (none = all).
+# NAME is one of: postgres rabbitmq smtp nats kafka sqs (none = all).
 #
 # State (data, logs, pid files, chosen ports) lives in compose/local/.state/
 # (git-ignored; override with FERRY_STATE_DIR); `reset` deletes it, to start
@@ -24,12 +25,18 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE=${FERRY_STATE_DIR:-$HERE/.state}
-ALL=(postgres rabbitmq smtp nats)
+ALL=(postgres rabbitmq smtp nats kafka sqs)
 
 NATS_MODULE=github.com/nats-io/nats-server/v2
 NATS_VERSION=v2.15.2
 MAILPIT_MODULE=github.com/axllent/mailpit
 MAILPIT_VERSION=v1.33.1
+KAFKA_VERSION=4.1.1
+KAFKA_SCALA=2.13
+SLF4J_VERSION=1.7.36
+ELASTICMQ_ARTIFACT=org.elasticmq:elasticmq-server_2.13
+ELASTICMQ_VERSION=1.6.11
+ELASTICMQ_XMX=${FERRY_ELASTICMQ_XMX:-256m}
 
 # Default ports: the CLI's defaults.
 DEF_PG=5432
@@ -40,6 +47,9 @@ DEF_SMTP=1025
 DEF_SMTP_HTTP=8025
 DEF_NATS=4222
 DEF_NATS_HTTP=8222
+DEF_KAFKA=9092
+DEF_KAFKA_CONTROLLER=9093
+DEF_SQS=9324
 
 RMQ_BIN=/usr/lib/rabbitmq/bin
 START_TIMEOUT=${FERRY_SERVICES_TIMEOUT:-180} # seconds to wait for a server to be ready
@@ -121,7 +131,7 @@ stop_if_running() {
 	stop_pid "$1" "$2"
 }
 
-service_of_key() { case $1 in rabbitmq*) echo rabbitmq ;; smtp*) echo smtp ;; nats*) echo nats ;; *) echo "$1" ;; esac; }
+service_of_key() { case $1 in rabbitmq*) echo rabbitmq ;; smtp*) echo smtp ;; nats*) echo nats ;; kafka*) echo kafka ;; sqs*) echo sqs ;; *) echo "$1" ;; esac; }
 
 choose_port() {
 	local key=$1 def=$2 p saved others
@@ -239,6 +249,10 @@ ensure_packages() {
 		case $n in
 		postgres) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
 		rabbitmq) [ -x "$RMQ_BIN/rabbitmq-server" ] || pkgs+=(rabbitmq-server) ;;
+		kafka | sqs)
+			java_ok || pkgs+=(openjdk-17-jre-headless)
+			command -v mvn >/dev/null || pkgs+=(maven)
+			;;
 		esac
 	done
 	[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
@@ -682,6 +696,288 @@ env_nats() {
 	echo "export FERRY_NATS_SERVER_NAME=$CHECKOUT"
 }
 
+# ------------------------------------------------------------ kafka
+
+# Apache Kafka in KRaft mode: broker and controller in one JVM on the
+# machine's Java 17. The jars come from Maven (`mvn dependency:copy-dependencies`
+# on a small pom) and are cached in $STATE/kafka-lib-$KAFKA_VERSION.
+KAFKA_DIR=$STATE/kafka
+KAFKA_LIB=$STATE/kafka-lib-$KAFKA_VERSION
+KAFKA_PIDFILE=$STATE/kafka.pid
+KAFKA_HEAP=${FERRY_KAFKA_HEAP:--Xmx512m -Xms128m}
+
+kafka_jars() {
+	[ -f "$KAFKA_LIB/.complete" ] && return 0
+	local pkgs=()
+	command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
+	command -v mvn >/dev/null || pkgs+=(maven)
+	[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+	say "kafka: fetching the Kafka $KAFKA_VERSION jars with mvn (first time only)"
+	local pom=$STATE/kafka-pom
+	mkdir -p "$pom" "$KAFKA_LIB"
+	cat >"$pom/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>ferry.local</groupId>
+  <artifactId>kafka-server</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_$KAFKA_SCALA</artifactId>
+      <version>$KAFKA_VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-reload4j</artifactId>
+      <version>$SLF4J_VERSION</version>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+	(cd "$pom" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$KAFKA_LIB" -DincludeScope=runtime) </dev/null >"$STATE/kafka-mvn.log" 2>&1 ||
+		fail_start kafka "$STATE/kafka-mvn.log" "mvn dependency:copy-dependencies failed"
+	touch "$KAFKA_LIB/.complete"
+}
+
+kafka_pid() {
+	local pid
+	pid=$(pidfile_pid "$KAFKA_PIDFILE")
+	pid_alive "$pid" && grep -qaF -- "$KAFKA_DIR/server.properties" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+# kafka_ready: the broker port accepts connections and the broker's log
+# says it finished starting since the last start.
+kafka_ready() {
+	tcp_ok "$(saved_port kafka)" && grep -q 'Kafka Server started' "$KAFKA_DIR/current.log" 2>/dev/null
+}
+
+start_kafka() {
+	kafka_jars
+	if [ -n "$(kafka_pid)" ]; then
+		if kafka_ready; then
+			say "kafka: already running on 127.0.0.1:$(saved_port kafka)"
+			return 0
+		fi
+	else
+		local port ctl
+		port=$(choose_port kafka $DEF_KAFKA)
+		ctl=$(choose_port kafka-controller $DEF_KAFKA_CONTROLLER)
+		mkdir -p "$KAFKA_DIR/data"
+		cat >"$KAFKA_DIR/server.properties" <<EOF
+# written by compose/local/services.sh on each start
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$ctl
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$ctl
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$KAFKA_DIR/data
+num.partitions=3
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+group.initial.rebalance.delay.ms=0
+log.cleaner.backoff.ms=1000
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+EOF
+		cat >"$KAFKA_DIR/log4j.properties" <<EOF
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+EOF
+		if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
+			local uuid
+			uuid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22)
+			say "kafka: formatting the storage in $KAFKA_DIR/data (cluster $uuid)"
+			java -Dlog4j.configuration="file:$KAFKA_DIR/log4j.properties" -cp "$KAFKA_LIB/*" kafka.tools.StorageTool format \
+				-t "$uuid" -c "$KAFKA_DIR/server.properties" </dev/null >"$STATE/kafka-format.log" 2>&1 ||
+				fail_start kafka "$STATE/kafka-format.log" "kafka.tools.StorageTool format failed"
+		fi
+		: >"$KAFKA_DIR/current.log"
+		say "kafka: starting Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$port (controller :$ctl)"
+		# shellcheck disable=SC2086
+		spawn kafka "$KAFKA_PIDFILE" "$KAFKA_DIR/current.log" java $KAFKA_HEAP -XX:+UseSerialGC \
+			-Djava.awt.headless=true -Dlog4j.configuration="file:$KAFKA_DIR/log4j.properties" \
+			-cp "$KAFKA_LIB/*" kafka.Kafka "$KAFKA_DIR/server.properties"
+	fi
+	local i
+	for i in $(seq $((START_TIMEOUT * 4))); do
+		kafka_ready && { say "kafka: ready"; return 0; }
+		[ -n "$(kafka_pid)" ] || fail_start kafka "$KAFKA_DIR/current.log" "the broker exited during start"
+		sleep 0.25
+	done
+	fail_start kafka "$KAFKA_DIR/current.log" "not ready after ${START_TIMEOUT}s"
+}
+
+stop_kafka() { stop_if_running kafka "$(kafka_pid)"; }
+
+status_kafka() {
+	local pid
+	pid=$(kafka_pid)
+	if [ -n "$pid" ]; then
+		local r=starting
+		kafka_ready && r=running
+		echo "$r  pid $pid  127.0.0.1:$(saved_port kafka)  controller :$(saved_port kafka-controller)  data $KAFKA_DIR/data  log $KAFKA_DIR/current.log"
+	else
+		echo "stopped"
+	fi
+}
+
+env_kafka() { echo "export FERRY_KAFKA_BROKERS=127.0.0.1:$(saved_port kafka)"; }
+# Static test credentials: ElasticMQ accepts any; the SDK needs some.
+env_sqs() {
+	echo "export FERRY_SQS_ENDPOINT=http://127.0.0.1:$(saved_port sqs)"
+	echo "export FERRY_AWS_REGION=us-east-1"
+	echo "export AWS_ACCESS_KEY_ID=ferry"
+	echo "export AWS_SECRET_ACCESS_KEY=ferry"
+}
+
+# ------------------------------------------------------------ sqs (ElasticMQ)
+
+SQS_DIR=$STATE/elasticmq
+SQS_PIDFILE=$STATE/sqs.pid
+
+# java_ok: a java of version 17 or later is on the PATH.
+java_ok() {
+	command -v java >/dev/null || return 1
+	local v
+	v=$(java -version 2>&1 | sed -n '1s/.*version "\([0-9]*\).*/\1/p')
+	[ -n "$v" ] && [ "$v" -ge 17 ]
+}
+
+# sqs_jars: fetch ElasticMQ's server and its dependencies once (Maven's
+# dependency:copy-dependencies on a pom naming it) into $SQS_DIR/lib.
+sqs_jars() {
+	local lib=$SQS_DIR/lib stamp=$SQS_DIR/lib/.version
+	if [ "$(cat "$stamp" 2>/dev/null)" = "$ELASTICMQ_ARTIFACT:$ELASTICMQ_VERSION" ]; then return 0; fi
+	command -v mvn >/dev/null || die "sqs: Maven is needed to fetch ElasticMQ (run: $0 up sqs)"
+	say "sqs: fetching $ELASTICMQ_ARTIFACT:$ELASTICMQ_VERSION with Maven (first time only)"
+	rm -rf "$lib"
+	mkdir -p "$SQS_DIR/pom"
+	cat >"$SQS_DIR/pom/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <!-- written by compose/local/services.sh: ElasticMQ's runtime jars -->
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.ferry</groupId>
+  <artifactId>elasticmq-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>${ELASTICMQ_ARTIFACT%%:*}</groupId>
+      <artifactId>${ELASTICMQ_ARTIFACT#*:}</artifactId>
+      <version>$ELASTICMQ_VERSION</version>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+	(cd "$SQS_DIR/pom" && mvn -q -B dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$lib") </dev/null >"$SQS_DIR/maven.log" 2>&1 ||
+		fail_start sqs "$SQS_DIR/maven.log" "mvn dependency:copy-dependencies failed"
+	ls "$lib"/elasticmq-server_*.jar >/dev/null 2>&1 || fail_start sqs "$SQS_DIR/maven.log" "Maven did not fetch the ElasticMQ server jar"
+	echo "$ELASTICMQ_ARTIFACT:$ELASTICMQ_VERSION" >"$stamp"
+}
+
+sqs_pid() {
+	local pid
+	pid=$(pidfile_pid "$SQS_PIDFILE")
+	pid_alive "$pid" && grep -qaF -- "$SQS_DIR/elasticmq.conf" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+# sqs_ready: ListQueues (the query protocol) answers 200.
+sqs_ready() {
+	tcp_ok "$(saved_port sqs)" && [ "$(http_status "$(saved_port sqs)" "/?Action=ListQueues")" = 200 ]
+}
+
+start_sqs() {
+	java_ok || die "sqs: Java 17 or later is not installed (run: $0 up sqs)"
+	sqs_jars
+	if [ -n "$(sqs_pid)" ]; then
+		if sqs_ready; then
+			say "sqs: already running on 127.0.0.1:$(saved_port sqs)"
+			return 0
+		fi
+	else
+		local port
+		port=$(choose_port sqs $DEF_SQS)
+		mkdir -p "$SQS_DIR/data"
+		# Loopback only, AWS's limits (strict), no statistics server, and
+		# queues (queues.conf) and messages (H2) kept across stop/start.
+		cat >"$SQS_DIR/elasticmq.conf" <<EOF
+# written by compose/local/services.sh on each start
+include classpath("application.conf")
+node-address {
+  protocol = http
+  host = "127.0.0.1"
+  port = $port
+  context-path = ""
+}
+rest-sqs {
+  enabled = true
+  bind-port = $port
+  bind-hostname = "127.0.0.1"
+  sqs-limits = strict
+}
+rest-stats {
+  enabled = false
+  bind-port = 0
+  bind-hostname = "127.0.0.1"
+}
+generate-node-address = false
+queues-storage {
+  enabled = true
+  path = "$SQS_DIR/data/queues.conf"
+}
+messages-storage {
+  enabled = true
+  uri = "jdbc:h2:$SQS_DIR/data/messages"
+}
+aws {
+  region = us-east-1
+  accountId = "000000000000"
+}
+EOF
+		say "sqs: starting ElasticMQ $ELASTICMQ_VERSION on 127.0.0.1:$port"
+		spawn sqs "$SQS_PIDFILE" "$STATE/sqs.log" java -Xmx"$ELASTICMQ_XMX" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+			-Dconfig.file="$SQS_DIR/elasticmq.conf" -cp "$SQS_DIR/lib/*" org.elasticmq.server.Main
+	fi
+	wait_ready sqs "ElasticMQ"
+}
+
+stop_sqs() { stop_if_running sqs "$(sqs_pid)"; }
+
+status_sqs() {
+	local pid
+	pid=$(sqs_pid)
+	if [ -n "$pid" ]; then
+		echo "running  pid $pid  http://127.0.0.1:$(saved_port sqs)  (ElasticMQ $ELASTICMQ_VERSION)  data $SQS_DIR/data"
+	else
+		echo "stopped"
+	fi
+}
+
+# Static test credentials: ElasticMQ accepts any; the SDK needs some.
+env_sqs() {
+	echo "export FERRY_SQS_ENDPOINT=http://127.0.0.1:$(saved_port sqs)"
+	echo "export FERRY_AWS_REGION=us-east-1"
+	echo "export AWS_ACCESS_KEY_ID=ferry"
+	echo "export AWS_SECRET_ACCESS_KEY=ferry"
+}
+
 # ------------------------------------------------------------ reset
 
 # reset_NAME: forget a stopped server's data, ports and logs.
@@ -692,6 +988,9 @@ reset_postgres() {
 reset_rabbitmq() { rm -rf "$RMQ_DIR" "$RMQ_LOG" "$STATE/rabbitmq.out" "$STATE"/ports/rabbitmq*; }
 reset_smtp() { rm -rf "$STATE/mailpit" "$STATE/smtp.log" "$SMTP_PIDFILE" "$STATE"/ports/smtp*; }
 reset_nats() { rm -rf "$STATE/nats" "$STATE/nats.log" "$NATS_PIDFILE" "$STATE"/ports/nats*; }
+reset_kafka() { rm -rf "$KAFKA_DIR" "$STATE/kafka.log" "$KAFKA_PIDFILE" "$STATE"/ports/kafka*; }
+# The fetched jars (lib/) are kept: they are not data.
+reset_sqs() { rm -rf "$SQS_DIR/data" "$SQS_DIR/elasticmq.conf" "$STATE/sqs.log" "$SQS_PIDFILE" "$STATE"/ports/sqs*; }
 
 # ------------------------------------------------------------ main
 
@@ -701,6 +1000,8 @@ running() { # NAME: true if the server's process is alive
 	rabbitmq) [ -n "$(rmq_pid)" ] ;;
 	smtp) [ -n "$(smtp_pid)" ] ;;
 	nats) [ -n "$(nats_pid)" ] ;;
+	kafka) [ -n "$(kafka_pid)" ] ;;
+	sqs) [ -n "$(sqs_pid)" ] ;;
 	esac
 }
 
@@ -723,7 +1024,7 @@ names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${ALL[@]}")
 for n in "${names[@]}"; do
 	case $n in
-	postgres | rabbitmq | smtp | nats) ;;
+	postgres | rabbitmq | smtp | nats | kafka | sqs) ;;
 	*) die "unknown service '$n' (known: ${ALL[*]})" ;;
 	esac
 done
@@ -747,6 +1048,8 @@ down)
 		rabbitmq) rm -f "$STATE/ports/rabbitmq" "$STATE/ports/rabbitmq-management" "$STATE/ports/rabbitmq-dist" ;;
 		smtp) rm -f "$STATE/ports/smtp" "$STATE/ports/smtp-http" ;;
 		nats) rm -f "$STATE/ports/nats" "$STATE/ports/nats-monitor" ;;
+		kafka) rm -f "$STATE/ports/kafka" "$STATE/ports/kafka-controller" ;;
+		sqs) rm -f "$STATE/ports/sqs" ;;
 		esac
 	done
 	;;

@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +53,24 @@ func TestDemoEmbedded(t *testing.T) {
 func TestDemoRabbitMQFile(t *testing.T) {
 	file := filepath.Join(testenv.RepoRoot(), "..", "shared", "data", "notifications-1000.ndjson")
 	args := []string{"demo", "--broker=rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+		"--database-url", testenv.NewDatabase(t), "--smtp-addr", testenv.SMTPAddr(),
+		"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q"),
+		"--file", file}
+	code, out, errOut := ferry(t, args...)
+	t.Logf("%s", out)
+	require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
+	require.Equal(t, 968, summaryCount(t, out, "accepted"))
+	require.Equal(t, 32, summaryCount(t, out, "rejected"))
+	require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
+	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+}
+
+// TestDemoKafkaFile runs the demo on the shared 1,000-line sample with the
+// real PostgreSQL, Kafka and Mailpit: 968 accepted, 32 rejected, every
+// accepted one final, exit 0.
+func TestDemoKafkaFile(t *testing.T) {
+	file := filepath.Join(testenv.RepoRoot(), "..", "shared", "data", "notifications-1000.ndjson")
+	args := []string{"demo", "--broker=kafka", "--kafka-brokers", strings.Join(testenv.KafkaBrokers(), ","),
 		"--database-url", testenv.NewDatabase(t), "--smtp-addr", testenv.SMTPAddr(),
 		"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q"),
 		"--file", file}

@@ -32,6 +32,8 @@ type brokerServer struct {
 var brokerServers = map[string]brokerServer{
 	"rabbitmq": {"--rabbitmq-url", testenv.RabbitMQURL, "rabbitmq"},
 	"nats":     {"--nats-url", testenv.NATSURL, "nats"},
+	"kafka":    {"--kafka-brokers", func() string { return strings.Join(testenv.KafkaBrokers(), ",") }, "kafka"},
+	"sqs":      {"--sqs-endpoint", testenv.SQSEndpoint, "sqs"},
 }
 
 // forEachBroker runs f as a subtest for every broker the ferry command

@@ -55,6 +55,18 @@ func RabbitMQManagementURL() string {
 // NATSURL is FERRY_NATS_URL, default nats://127.0.0.1:4222.
 func NATSURL() string { return Env("FERRY_NATS_URL", "nats://127.0.0.1:4222") }
 
+// KafkaBrokers is FERRY_KAFKA_BROKERS split at commas, default
+// [127.0.0.1:9092].
+func KafkaBrokers() []string {
+	var out []string
+	for _, b := range strings.Split(Env("FERRY_KAFKA_BROKERS", "127.0.0.1:9092"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // SMTPAddr is FERRY_SMTP_ADDR, default 127.0.0.1:1025 (Mailpit's SMTP).
 func SMTPAddr() string { return Env("FERRY_SMTP_ADDR", "127.0.0.1:1025") }
 

@@ -123,7 +123,7 @@ func benchCommand() *cli.Command {
 			"(embedded PostgreSQL when not given) and of each broker's URL flag. Every scenario runs on every\n" +
 			"broker, each on a fresh database and fresh queues; figures are printed and written to --out.",
 		Flags: concat([]cli.Flag{
-			&cli.StringFlag{Name: flagBrokers, EnvVars: env("bench-brokers"), Usage: "comma list of brokers (" + strings.Join(append(BrokerNames(), plannedBrokers...), ", ") + ") or all; default: embedded NATS"},
+			&cli.StringFlag{Name: flagBrokers, EnvVars: env("bench-brokers"), Usage: "comma list of brokers (" + strings.Join(BrokerNames(), ", ") + ") or all; default: embedded NATS"},
 			&cli.StringFlag{Name: flagScenarios, Value: strings.Join(suite.BuiltScenarios, ","), EnvVars: env("bench-scenarios"), Usage: "comma list of scenarios (" + strings.Join(suite.Scenarios, ", ") + ") or all"},
 			&cli.IntFlag{Name: flagMessages, Value: 20000, EnvVars: env("bench-messages"), Usage: "messages per scenario run (latency: at most 10 s at each rate; ordering at most 5,000; retry at most 200)"},
 			&cli.IntFlag{Name: flagSize, Value: suite.DefaultSize, EnvVars: env("bench-size"), Usage: "event body in bytes"},

@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 )
 
 // BrokerOptions are the command-line settings a broker constructor may use.
@@ -55,19 +56,18 @@ var Brokers = map[string]BrokerFunc{
 	"nats": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
 		return nats.New(ctx, nats.Config{URL: o.NATSURL, LookupExchange: o.LookupExchange, Logger: o.Logger})
 	},
+	"kafka": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
+		return kafka.New(ctx, kafka.Config{Brokers: o.KafkaBrokers, Logger: o.Logger})
+	},
+	"sqs": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
+		return sqs.New(ctx, sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, LookupExchange: o.LookupExchange, Logger: o.Logger})
+	},
 }
-
-// plannedBrokers are --broker names that are recognised but whose adapters
-// are not built yet.
-var plannedBrokers = []string{"kafka", "sqs"}
 
 // Errors of OpenBroker.
 var (
 	// ErrUnknownBroker is returned for a --broker name ferry does not know.
 	ErrUnknownBroker = errors.New("ferry: unknown broker")
-	// ErrBrokerNotAvailable is returned for a --broker name that is
-	// planned but whose adapter is not built yet (kafka, sqs).
-	ErrBrokerNotAvailable = errors.New("ferry: broker not available yet")
 )
 
 // BrokerNames returns the names in Brokers, sorted.
@@ -81,15 +81,12 @@ func BrokerNames() []string {
 }
 
 // lookupBroker returns the constructor of name, or an error wrapping
-// ErrUnknownBroker or ErrBrokerNotAvailable that lists the choices.
+// ErrUnknownBroker that lists the choices.
 func lookupBroker(name string) (BrokerFunc, error) {
 	if f, ok := Brokers[name]; ok {
 		return f, nil
 	}
 	avail := strings.Join(BrokerNames(), ", ")
-	if slices.Contains(plannedBrokers, name) {
-		return nil, fmt.Errorf("%w: --broker %s: its adapter is not built yet; available: %s", ErrBrokerNotAvailable, name, avail)
-	}
 	return nil, fmt.Errorf("%w: --broker %q: want one of: %s", ErrUnknownBroker, name, avail)
 }
 

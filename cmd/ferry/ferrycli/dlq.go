@@ -127,10 +127,10 @@ func dlqError(c *cli.Context, s *settings, err error) error {
 	}
 	var where string
 	switch {
-	case s.broker == "nats" && c.IsSet(flagExchange):
-		where = fmt.Sprintf("on nats exchange %q (is --%s or --%s right?)", s.exchange, flagQueue, flagExchange)
-	case s.broker == "nats":
-		where = fmt.Sprintf("on any nats exchange (is --%s right? --%s names the exchange to look on)", flagQueue, flagExchange)
+	case (s.broker == "nats" || s.broker == "sqs") && c.IsSet(flagExchange):
+		where = fmt.Sprintf("on %s exchange %q (is --%s or --%s right?)", s.broker, s.exchange, flagQueue, flagExchange)
+	case s.broker == "nats" || s.broker == "sqs":
+		where = fmt.Sprintf("on any %s exchange (is --%s right? --%s names the exchange to look on)", s.broker, flagQueue, flagExchange)
 	default:
 		where = fmt.Sprintf("on %s (is --%s right? its DLQ is <queue>.dlq)", s.broker, flagQueue)
 	}

@@ -4,10 +4,11 @@
 // tested in-process with any arguments.
 //
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
-// process), demo, dlq list|replay|purge, outbox stats and bench (the
-// broker comparison of package bench/suite). Every flag can also be set by
-// an environment variable FERRY_<FLAG_NAME> (for example --database-url
-// and FERRY_DATABASE_URL).
+// process), demo, dlq list|replay|purge, replay --since (brokers with the
+// Replay capability: Kafka), outbox stats and bench (the broker comparison
+// of package bench/suite). Every flag can also be set by an environment
+// variable FERRY_<FLAG_NAME> (for example --database-url and
+// FERRY_DATABASE_URL).
 //
 // demo, run and bench start embedded servers for what the flags leave out
 // (bench: PostgreSQL, and NATS when --brokers is not given):
@@ -66,7 +67,7 @@ func cmdName(c *cli.Context) string {
 // unknown or unavailable broker, a configuration a package refused
 // (app, outbox, worker), or a flag urfave/cli could not parse.
 func isUsageError(err error) bool {
-	for _, target := range []error{ErrUsage, ErrUnknownBroker, ErrBrokerNotAvailable, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
+	for _, target := range []error{ErrUsage, ErrUnknownBroker, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
 		if errors.Is(err, target) {
 			return true
 		}
@@ -116,6 +117,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			runCommand(),
 			demoCommand(),
 			dlqCommand(),
+			replayCommand(),
 			outboxCommand(),
 			benchCommand(),
 			benchChildCommand(),

@@ -30,8 +30,6 @@ func TestUsageErrors(t *testing.T) {
 		want []string
 	}{
 		{"unknown broker", []string{"relay", "--broker", "pigeon"}, []string{"unknown broker", `"pigeon"`, "rabbitmq"}},
-		{"kafka not built", []string{"worker", "--broker", "kafka"}, []string{"not available yet", "kafka", "available: "}},
-		{"sqs not built", []string{"dlq", "list", "--broker=sqs"}, []string{"not available yet", "sqs"}},
 		{"retry delay item", []string{"worker", "--retry-delay", "1s,abc"}, []string{"--retry-delay", `item 2 "abc"`}},
 		{"retry delay zero", []string{"worker", "--retry-delay", "0s"}, []string{"--retry-delay", "must be positive"}},
 		{"retention", []string{"relay", "--retention", "7 days"}, []string{"--retention", "7d"}},
@@ -68,17 +66,16 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestBrokerFromEnv(t *testing.T) {
-	t.Setenv("FERRY_BROKER", "kafka")
+	t.Setenv("FERRY_BROKER", "kafak")
 	code, _, errOut := run(t, "relay")
 	require.Equal(t, 2, code)
-	require.Contains(t, errOut, "--broker kafka: its adapter is not built yet")
+	require.Contains(t, errOut, `--broker "kafak": want one of: kafka, nats, rabbitmq, sqs`)
 }
 
 func TestBrokersMap(t *testing.T) {
 	require.Contains(t, ferrycli.BrokerNames(), "rabbitmq")
-	_, err := ferrycli.OpenBroker(context.Background(), "kafka", ferrycli.BrokerOptions{})
-	require.ErrorIs(t, err, ferrycli.ErrBrokerNotAvailable)
-	_, err = ferrycli.OpenBroker(context.Background(), "", ferrycli.BrokerOptions{})
+	require.Equal(t, []string{"kafka", "nats", "rabbitmq", "sqs"}, ferrycli.BrokerNames())
+	_, err := ferrycli.OpenBroker(context.Background(), "", ferrycli.BrokerOptions{})
 	require.ErrorIs(t, err, ferrycli.ErrUnknownBroker)
 }
 

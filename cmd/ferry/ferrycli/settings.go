@@ -106,7 +106,7 @@ func databaseFlags() []cli.Flag {
 func brokerFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: flagBroker, Value: DefaultBroker, EnvVars: env(flagBroker),
-			Usage: "message broker: rabbitmq or nats (kafka, sqs: not available yet); demo and run without it use an embedded NATS server, or --nats-url when that is given"},
+			Usage: "message broker: rabbitmq, nats, kafka or sqs; demo and run without it use an embedded NATS server, or --nats-url when that is given"},
 		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL (--broker rabbitmq)"},
 		&cli.StringFlag{Name: flagRabbitQueueType, Value: rabbitmq.QueueTypeClassic, EnvVars: env(flagRabbitQueueType),
 			Usage: "RabbitMQ queue type of the work, retry and dead-letter queues: classic or quorum (replicated); every process declaring a queue must use the same type (--broker rabbitmq)"},

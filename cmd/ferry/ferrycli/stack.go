@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -123,6 +124,13 @@ func (s *settings) brokerURL() string {
 		return s.brokerOpts.RabbitMQURL
 	case "nats":
 		return s.brokerOpts.NATSURL
+	case "kafka":
+		return strings.Join(s.brokerOpts.KafkaBrokers, ",")
+	case "sqs":
+		if s.brokerOpts.SQSEndpoint == "" {
+			return "AWS SQS " + s.brokerOpts.AWSRegion
+		}
+		return s.brokerOpts.SQSEndpoint
 	}
 	return ""
 }

@@ -1,0 +1,111 @@
+package sqs
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Config configures the SQS adapter. The zero value of every field means
+// its documented default. Credentials come from the AWS SDK's default chain
+// (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, shared profiles, instance and
+// task roles).
+type Config struct {
+	// Endpoint is the SQS endpoint URL, e.g. "http://127.0.0.1:9324" for
+	// ElasticMQ or LocalStack. Empty: AWS's endpoint of Region.
+	Endpoint string
+	// Region is the AWS region, e.g. "us-east-1". Defaults to DefaultRegion.
+	Region string
+	// FIFO makes every queue a FIFO queue (name suffix ".fifo"):
+	// MessageGroupId is the message's Key (its ID when Key is empty) and
+	// MessageDeduplicationId its ID, so Capabilities.Ordering is
+	// broker.OrderingKey. Default false: standard queues, no order.
+	FIFO bool
+	// MaxReceiveCount is the maxReceiveCount of each work queue's
+	// RedrivePolicy: after that many receives SQS itself moves a message
+	// to the DLQ. ferry dead-letters on the worker's last attempt, so this
+	// is only a safety net and must be above the worker's MaxAttempts.
+	// 1..1000 (AWS's range). Defaults to 100.
+	MaxReceiveCount int
+	// WaitTime is the long-polling wait of each ReceiveMessage
+	// (WaitTimeSeconds), whole seconds 1..20. Defaults to 20 s. The HTTP
+	// client's timeout is WaitTime + 15 s, so a long poll never times out
+	// on the client.
+	WaitTime time.Duration
+	// PublishTimeout bounds Publish, DeadLetter and the DLQ operations when
+	// the caller's ctx has no deadline. Defaults to 30 s.
+	PublishTimeout time.Duration
+	// SettleTimeout bounds Ack, Retry and Extend when the caller's ctx has
+	// no deadline. Defaults to 10 s.
+	SettleTimeout time.Duration
+	// FallbackMessageBytes is the size limit (bytes) used for a queue whose
+	// server does not report its MaximumMessageSize attribute (ElasticMQ
+	// 1.6.11 does not; AWS does, and its default has changed over time).
+	// Defaults to 262144 (256 KiB, the limit ElasticMQ enforces with
+	// sqs-limits = strict).
+	FallbackMessageBytes int
+	// LookupExchange is the exchange on which DLQ looks for a queue this
+	// broker did not Declare (ferry dlq's --exchange). Empty: the queues
+	// on the server are listed and the one whose name ends with the
+	// queue's DLQ name and whose tags name the queue is used; it must be
+	// unique.
+	LookupExchange string
+	// Logger receives the adapter's logs (receive errors, re-declares).
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultRegion is Config.Region's default.
+const DefaultRegion = "us-east-1"
+
+// Limits from the SQS developer guide ("Amazon SQS quotas").
+const (
+	// MaxBatchEntries is the most entries one SendMessageBatch,
+	// DeleteMessageBatch or ChangeMessageVisibilityBatch takes.
+	MaxBatchEntries = 10
+	// MaxVisibility is the longest visibility timeout: 12 hours. It is
+	// Capabilities.MaxDelay.
+	MaxVisibility = 12 * time.Hour
+	// MaxQueueNameLen is the longest queue name, ".fifo" included.
+	MaxQueueNameLen = 80
+	// retention is the queues' MessageRetentionPeriod, the maximum (14
+	// days, seconds).
+	retention = "1209600"
+	// dlqReserve is what Capabilities.MaxMessageBytes keeps free below the
+	// queue's MaximumMessageSize: ferry's attributes and the headers
+	// DeadLetter adds (reason up to broker.MaxReasonBytes, times).
+	dlqReserve = 2048
+)
+
+func (c Config) withDefaults() Config {
+	if c.Region == "" {
+		c.Region = DefaultRegion
+	}
+	if c.MaxReceiveCount <= 0 {
+		c.MaxReceiveCount = 100
+	}
+	if c.MaxReceiveCount > 1000 {
+		c.MaxReceiveCount = 1000
+	}
+	if c.WaitTime <= 0 {
+		c.WaitTime = 20 * time.Second
+	}
+	if c.WaitTime < time.Second {
+		c.WaitTime = time.Second
+	}
+	if c.WaitTime > 20*time.Second {
+		c.WaitTime = 20 * time.Second
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
+	if c.SettleTimeout <= 0 {
+		c.SettleTimeout = 10 * time.Second
+	}
+	if c.FallbackMessageBytes <= dlqReserve {
+		c.FallbackMessageBytes = 262144
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}

@@ -1,0 +1,98 @@
+// Package sqs is ferry's AWS SQS adapter (broker.Broker) on
+// github.com/aws/aws-sdk-go-v2/service/sqs. It is tested against ElasticMQ
+// 1.6.11 with sqs-limits = strict (compose/local/services.sh up sqs).
+//
+// # Topology
+//
+// SQS has no exchange and no bindings. Declare creates, for each
+// broker.Queue, a standard queue (a FIFO queue with Config.FIFO) named by
+// QueueName from the exchange and the queue (e.g.
+// "notifications__notifications-send") and its DLQ
+// ("notifications__notifications-send-dlq"), both tagged ferry-exchange and
+// ferry-queue, with a 14-day retention and, on the work queue, a
+// RedrivePolicy to the DLQ with Config.MaxReceiveCount (100) as a safety
+// net. It reads back the attributes and tags it set; a queue that exists
+// with others (another maxReceiveCount, a FIFO queue where a standard one
+// is declared, another ferry name) is an error wrapping
+// broker.ErrTopologyMismatch. Publish does the routing: each message goes
+// to every queue of the last declared exchange whose bindings match its
+// Type ('*' and '#' included, so Capabilities.Wildcards is true); a
+// message for two queues is two sends.
+//
+// # Publish
+//
+// SendMessageBatch, at most 10 entries per call and at most the queue's
+// MaximumMessageSize bytes per call (the attribute is read at Declare; a
+// server that does not report it, such as ElasticMQ, gets
+// Config.FallbackMessageBytes, 256 KiB). Capabilities.MaxMessageBytes is
+// the smallest limit minus a 2 KiB reserve for ferry's attributes and the
+// headers DeadLetter adds (0 before Declare). A message larger than that,
+// or whose SQS encoding is larger than the queue's limit, fails with
+// broker.ErrMessageTooLarge before any call. The Successful and Failed
+// lists of each call are reconciled per entry: a refused entry fails with
+// broker.ErrNacked and SQS's code and message (a *broker.PublishError), and
+// the accepted entries are never sent again. A call that fails as a whole
+// (unreachable server, throttling, ctx) makes Publish return that error,
+// not a *broker.PublishError. Up to 8 calls of one Publish are in flight;
+// on FIFO queues one queue's calls go one after another, in order.
+//
+// A message is encoded as the body plus at most five message attributes
+// (SQS allows ten): ferry-id, ferry-type, ferry-key, ferry-headers (every
+// header, ferry's and the application's, as one JSON object) and
+// ferry-encoding. A body that is valid UTF-8 is sent as is; SQS refuses
+// characters outside #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD
+// #x10000-#x10FFFF, and such a message fails on its own. A body that is not
+// valid UTF-8 is base64-encoded (4/3 of its size); an empty one is "-".
+//
+// # Consume
+//
+// Subscribe long-polls (WaitTimeSeconds = Config.WaitTime, 20 s; the HTTP
+// client's timeout is 15 s longer), naming the message attributes and the
+// system attributes ApproximateReceiveCount, ApproximateFirstReceiveTimestamp
+// and SentTimestamp (AWS returns only what is named). A long poll asks for
+// a 5 s visibility timeout, raised to SubscribeOptions.AckDeadline as soon
+// as the messages arrive, so the messages an abandoned long poll took (a
+// closing process) come back within 5 s; while the queue is busy (the last
+// receive was full) a receive does not wait and asks for the AckDeadline
+// at once. Messages received and not yet
+// handed out by Receive get a visibility heartbeat every third of the
+// deadline; Delivery.Extend (ChangeMessageVisibility) keeps the handed-out
+// ones. At most SubscribeOptions.Prefetch messages are received and not
+// settled. Message.Attempt is the receive count, so redeliveries count
+// (Capabilities.CountsRedeliveries). With SubscribeOptions.Ordered (FIFO
+// only; standard queues return broker.ErrUnsupported) a message is handed
+// out only when no earlier one of its Key is unsettled.
+//
+// # Settling
+//
+// Ack is DeleteMessageBatch, shared by the Acks of the next 2 ms of a
+// subscription; an entry SQS refuses is deleted again with DeleteMessage,
+// and its Ack fails if that fails too. Retry is ChangeMessageVisibility to the delay,
+// rounded up to whole seconds, at least 1 s and at most 12 h
+// (Capabilities.MaxDelay): the message stays the same
+// (Capabilities.RetryInPlace), so the next delivery carries
+// HeaderRetryCount (receive count - 1) and HeaderFirstFailedAt (the first
+// receive's time) but not the retry's reason. DeadLetter sends a copy to
+// the DLQ with HeaderLastError, HeaderDeadAt, HeaderRetryCount and
+// HeaderFirstFailedAt, then deletes the message, so the worker's last
+// attempt does not wait for the RedrivePolicy. Broker.Close makes the
+// unsettled messages visible again.
+//
+// A queue deleted under a running process (AWS.SimpleQueueService.
+// NonExistentQueue) is declared again by the next publish, receive or DLQ
+// send, and the call repeated once. AWS refuses to create a queue under the
+// name of one deleted less than 60 s before; ElasticMQ does not.
+//
+// # DLQ
+//
+// DLQ(queue).List receives the whole DLQ with a 60 s visibility timeout,
+// sorts it by HeaderDeadAt (then SentTimestamp) and makes it visible again;
+// Replay sends the chosen messages to the work queue (HeaderRetryCount,
+// HeaderLastError and HeaderDeadAt removed) before deleting them from the
+// DLQ; Purge deletes them. A message SQS itself moved (RedrivePolicy) has
+// no HeaderLastError; List reports the redrive as its reason. For a queue
+// this broker did not declare, the DLQ is found on Config.LookupExchange,
+// or by listing the server's queues for a name ending in the DLQ's name and
+// a ferry-queue tag naming it (names cut to 80 characters need the
+// exchange).
+package sqs

@@ -1,0 +1,341 @@
+package sqs
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// Subscribe starts long-polling the queue: ReceiveMessage with
+// WaitTimeSeconds = Config.WaitTime, VisibilityTimeout = opts.AckDeadline
+// (whole seconds, default 30 s), at most 10 messages per call and at most
+// opts.Prefetch received and not settled. Messages received and not yet
+// handed out by Receive get a visibility heartbeat (every third of the
+// deadline), so a slow handler does not let the tail of a batch go to
+// another consumer; handed-out ones are kept by Delivery.Extend. With
+// opts.Ordered (FIFO queues only) a message is handed out only after the
+// earlier ones of its Key were settled.
+func (b *Broker) Subscribe(ctx context.Context, queue string, opts broker.SubscribeOptions) (broker.Subscription, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	qi, ok := b.queues[queue]
+	b.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %s was not declared on this broker", broker.ErrUnknownQueue, queue)
+	}
+	if opts.Ordered && !b.cfg.FIFO {
+		return nil, fmt.Errorf("%w: ordered subscription on %s: per-key order needs FIFO queues (Config.FIFO)", broker.ErrUnsupported, queue)
+	}
+	if opts.Prefetch <= 0 {
+		opts.Prefetch = broker.DefaultPrefetch
+	}
+	if opts.AckDeadline <= 0 {
+		opts.AckDeadline = 30 * time.Second
+	}
+	vis := visibilitySeconds(opts.AckDeadline)
+	if vis < 1 {
+		vis = 1
+	}
+	sctx, cancel := context.WithCancel(b.ctx)
+	s := &subscription{b: b, qi: qi, opts: opts, vis: vis, ctx: sctx, cancel: cancel,
+		changed: make(chan struct{}), held: map[string]int{}}
+	url, _ := qi.urls()
+	s.acks = &acker{b: b, url: url}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		cancel()
+		return nil, broker.ErrClosed
+	}
+	b.subs[s] = struct{}{}
+	b.mu.Unlock()
+	pollers := (opts.Prefetch + MaxBatchEntries - 1) / MaxBatchEntries
+	pollers = min(pollers, 4)
+	for i := 0; i < pollers; i++ {
+		s.wg.Add(1)
+		go s.poll()
+	}
+	s.wg.Add(1)
+	go s.heartbeat()
+	return s, nil
+}
+
+type subscription struct {
+	b      *Broker
+	qi     *queueInfo
+	opts   broker.SubscribeOptions
+	vis    int32 // visibility timeout, seconds
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	buf      []*delivery    // received, not handed out
+	inflight int            // reserved by a poll + buffered + handed out unsettled
+	held     map[string]int // Ordered: Key -> handed-out unsettled deliveries
+	changed  chan struct{}  // closed and replaced on every change
+	acks     *acker
+	errLog   time.Time // last receive error logged
+}
+
+func (s *subscription) signal() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Receive hands out the next buffered delivery (with Ordered, the next one
+// whose Key has nothing unsettled), waiting for the pollers.
+func (s *subscription) Receive(ctx context.Context) (broker.Delivery, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, broker.ErrClosed
+		}
+		for i, d := range s.buf {
+			if s.opts.Ordered && d.msg.Key != "" && s.held[d.msg.Key] > 0 {
+				continue
+			}
+			s.buf = append(s.buf[:i], s.buf[i+1:]...)
+			if s.opts.Ordered && d.msg.Key != "" {
+				s.held[d.msg.Key]++
+			}
+			s.mu.Unlock()
+			s.b.mu.Lock()
+			if s.b.closed {
+				s.b.mu.Unlock()
+				return nil, broker.ErrClosed
+			}
+			s.b.open[d] = struct{}{}
+			s.b.mu.Unlock()
+			return d, nil
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.ctx.Done():
+			return nil, broker.ErrClosed
+		case <-ch:
+		}
+	}
+}
+
+// settled is called once d is settled (or given back).
+func (s *subscription) settled(d *delivery) {
+	s.b.mu.Lock()
+	delete(s.b.open, d)
+	s.b.mu.Unlock()
+	s.mu.Lock()
+	s.inflight--
+	if s.opts.Ordered && d.msg.Key != "" {
+		if s.held[d.msg.Key]--; s.held[d.msg.Key] <= 0 {
+			delete(s.held, d.msg.Key)
+		}
+	}
+	s.signal()
+	s.mu.Unlock()
+}
+
+// poll long-polls while there is room under the prefetch.
+func (s *subscription) poll() {
+	defer s.wg.Done()
+	backoff := 100 * time.Millisecond
+	busy := false
+	for {
+		s.mu.Lock()
+		for !s.closed && s.inflight >= s.opts.Prefetch {
+			ch := s.changed
+			s.mu.Unlock()
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-ch:
+			}
+			s.mu.Lock()
+		}
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		n := min(MaxBatchEntries, s.opts.Prefetch-s.inflight)
+		s.inflight += n
+		s.mu.Unlock()
+
+		url, _ := s.qi.urls()
+		// While the queue is busy (the last receive was full) a receive
+		// does not wait and takes the whole AckDeadline at once; an idle
+		// queue is long-polled with the short visibility, raised on
+		// arrival.
+		wait, vis := int32(s.b.cfg.WaitTime/time.Second), min(s.vis, pollVisibility)
+		if busy {
+			wait, vis = 0, s.vis
+		}
+		out, err := s.b.client.ReceiveMessage(s.ctx, &sqs.ReceiveMessageInput{
+			QueueUrl:                    aws.String(url),
+			MaxNumberOfMessages:         int32(n),
+			WaitTimeSeconds:             wait,
+			VisibilityTimeout:           vis,
+			MessageAttributeNames:       attrNames,
+			MessageSystemAttributeNames: sysAttrNames,
+		})
+		var got []*delivery
+		if err == nil {
+			for _, m := range out.Messages {
+				got = append(got, s.newDelivery(url, m))
+			}
+			if s.vis > vis && len(got) > 0 {
+				s.extend(url, got)
+			}
+		}
+		busy = err == nil && len(got) == n
+		s.mu.Lock()
+		s.inflight -= n - len(got)
+		if s.closed {
+			s.mu.Unlock()
+			if len(got) > 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				s.b.release(ctx, url, got)
+				cancel()
+			}
+			return
+		}
+		s.buf = append(s.buf, got...)
+		s.signal()
+		s.mu.Unlock()
+		if err == nil {
+			backoff = 100 * time.Millisecond
+			continue
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		if notExist(err) {
+			rctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+			if rerr := s.b.redeclare(rctx, s.qi); rerr != nil {
+				s.logErr("sqs: re-declare queue", rerr)
+			}
+			cancel()
+		} else {
+			s.logErr("sqs: receive failed; retrying", err)
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// pollVisibility is the visibility timeout (seconds) a ReceiveMessage
+// asks for; the adapter raises it to the AckDeadline right after the
+// messages arrive. A long poll abandoned by a closing process (the server
+// may still hand it messages after the client has gone) so hides them for
+// 5 s, not for the whole AckDeadline.
+const pollVisibility = 5
+
+// extend sets the visibility of ds to the AckDeadline (batches of 10).
+func (s *subscription) extend(url string, ds []*delivery) {
+	for i := 0; i < len(ds); i += MaxBatchEntries {
+		var entries []types.ChangeMessageVisibilityBatchRequestEntry
+		for j, d := range ds[i:min(i+MaxBatchEntries, len(ds))] {
+			entries = append(entries, types.ChangeMessageVisibilityBatchRequestEntry{
+				Id: aws.String("h" + strconv.Itoa(j)), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: s.vis})
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, time.Duration(pollVisibility)*time.Second)
+		_, err := s.b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
+			QueueUrl: aws.String(url), Entries: entries})
+		cancel()
+		if err != nil && s.ctx.Err() == nil {
+			s.logErr("sqs: visibility heartbeat", err)
+		}
+	}
+}
+
+// logErr logs at most one receive error every 10 s.
+func (s *subscription) logErr(msg string, err error) {
+	s.mu.Lock()
+	if time.Since(s.errLog) < 10*time.Second {
+		s.mu.Unlock()
+		return
+	}
+	s.errLog = time.Now()
+	s.mu.Unlock()
+	s.b.log.Warn(msg, "queue", s.qi.q.Name, "err", err)
+}
+
+// heartbeat keeps the buffered (received, not handed out) messages
+// invisible to other consumers.
+func (s *subscription) heartbeat() {
+	defer s.wg.Done()
+	every := time.Duration(s.vis) * time.Second / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		buf := append([]*delivery(nil), s.buf...)
+		s.mu.Unlock()
+		byURL := map[string][]*delivery{}
+		for _, d := range buf {
+			byURL[d.url] = append(byURL[d.url], d)
+		}
+		for url, ds := range byURL {
+			s.extend(url, ds)
+		}
+	}
+}
+
+// Close stops polling and makes the buffered messages visible again.
+// Handed-out deliveries can still be settled.
+func (s *subscription) Close() error {
+	s.shutdown(context.Background())
+	return nil
+}
+
+func (s *subscription) shutdown(ctx context.Context) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	buf := s.buf
+	s.buf = nil
+	s.inflight -= len(buf)
+	s.signal()
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	if len(buf) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		byURL := map[string][]*delivery{}
+		for _, d := range buf {
+			byURL[d.url] = append(byURL[d.url], d)
+		}
+		for url, ds := range byURL {
+			s.b.release(ctx, url, ds)
+		}
+		cancel()
+	}
+	s.b.mu.Lock()
+	delete(s.b.subs, s)
+	s.b.mu.Unlock()
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/bench/suite"
+	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
@@ -27,7 +28,9 @@ import (
 // Watermill module's benchmarks (bench/watermill) with the go command.
 func TestBenchSmoke(t *testing.T) {
 	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	// A bound on a hung run, not a speed check: four brokers with real
+	// restarts take about 4 minutes here, more on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	out := t.TempDir()
 	brokers := BrokerNames()
@@ -80,7 +83,10 @@ func TestBenchSmoke(t *testing.T) {
 					require.Equal(t, r.Messages, r.Latency.Count, "every committed event handled and timed")
 				case suite.ScenarioOrdering:
 					require.Equal(t, 300.0, figure(r, "handled"))
-					if r.Variant == "1 worker" {
+					// One consumer of one queue keeps publish order where
+					// the adapter declares an order at all (SQS standard
+					// queues declare none and do reorder).
+					if r.Variant == "1 worker" && res.Capabilities[br].Ordering != broker.OrderingNone.String() {
 						require.Zero(t, figure(r, "violations"), "%s: one consumer of one queue keeps publish order", br)
 					}
 				case suite.ScenarioFaults:

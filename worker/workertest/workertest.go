@@ -355,7 +355,8 @@ func testMany(t *testing.T, s suite) {
 
 // testOrdered: with Config.Ordered and 8 concurrent handlers, the
 // messages of one key are handled one after the other, in publish order,
-// while other keys run alongside.
+// while other keys run alongside. On a broker whose Capabilities.Ordering
+// is OrderingNone the worker refuses Ordered with ErrUnsupported.
 func testOrdered(t *testing.T, s suite) {
 	f := setup(t, s, 1)
 	out := newOutcomes()
@@ -388,6 +389,19 @@ func testOrdered(t *testing.T, s suite) {
 	cfg.Concurrency = 8
 	cfg.Ordered = true
 	cfg.OnOutcome = out.hook
+	if f.b.Capabilities().Ordering == broker.OrderingNone {
+		// Capability branch: the broker promises no order (SQS standard
+		// queues), so an ordered worker must refuse to run, not run
+		// unordered.
+		w, err := worker.New(cfg)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancel()
+			err = w.Run(ctx)
+		}
+		require.ErrorIs(t, err, broker.ErrUnsupported, "Config.Ordered on a broker with OrderingNone")
+		return
+	}
 	const keys, perKey = 4, 40
 	var msgs []*broker.Message
 	for i := range perKey {

@@ -30,7 +30,9 @@
 // or whose SQS encoding is larger than the queue's limit, fails with
 // broker.ErrMessageTooLarge before any call. The Successful and Failed
 // lists of each call are reconciled per entry: a refused entry fails with
-// broker.ErrNacked and SQS's code and message (a *broker.PublishError), and
+// SQS's code and message (a *broker.PublishError), wrapping
+// broker.ErrInvalidMessage for a sender fault (e.g. a body character SQS
+// refuses) and broker.ErrNacked for a server fault, and
 // the accepted entries are never sent again. A call that fails as a whole
 // (unreachable server, throttling, ctx) makes Publish return that error,
 // not a *broker.PublishError. Up to 8 calls of one Publish are in flight;

@@ -74,7 +74,8 @@
 // (Capabilities.MaxDelay): the message stays the same
 // (Capabilities.RetryInPlace), so the next delivery carries
 // HeaderRetryCount (receive count - 1) and HeaderFirstFailedAt (the first
-// receive's time) but not the retry's reason. DeadLetter sends a copy to
+// receive's time) but not the retry's reason (package worker adds it from
+// its attempt record). DeadLetter sends a copy to
 // the DLQ with HeaderLastError, HeaderDeadAt, HeaderRetryCount and
 // HeaderFirstFailedAt, then deletes the message, so the worker's last
 // attempt does not wait for the RedrivePolicy. Broker.Close makes the

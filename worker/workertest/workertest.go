@@ -485,11 +485,13 @@ func testRetriesThenDLQ(t *testing.T, s suite) {
 		mu       sync.Mutex
 		attempts []int
 		times    []time.Time
+		reasons  []string
 	)
 	cfg := f.config("retry", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 		mu.Lock()
 		attempts = append(attempts, msg.Attempt)
 		times = append(times, time.Now())
+		reasons = append(reasons, msg.Headers[broker.HeaderLastError])
 		mu.Unlock()
 		if err := recordSideEffect(ctx, tx, "retry", msg); err != nil {
 			return err
@@ -504,6 +506,8 @@ func testRetriesThenDLQ(t *testing.T, s suite) {
 
 	mu.Lock()
 	require.Equal(t, []int{1, 2, 3}, attempts, "exactly MaxAttempts attempts")
+	require.Equal(t, []string{"", "smtp: 451 try later (attempt 1)", "smtp: 451 try later (attempt 2)"}, reasons,
+		"each retry carries the previous attempt's error as HeaderLastError (from the attempt record where the broker retries in place)")
 	for i := 1; i < len(times); i++ {
 		gap := times[i].Sub(times[i-1])
 		require.GreaterOrEqual(t, gap, retryDelay*8/10, "attempt %d came %v after the previous one; the retry delay is %v", i+1, gap, retryDelay)

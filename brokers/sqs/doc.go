@@ -78,8 +78,11 @@
 // its attempt record). DeadLetter sends a copy to
 // the DLQ with HeaderLastError, HeaderDeadAt, HeaderRetryCount and
 // HeaderFirstFailedAt, then deletes the message, so the worker's last
-// attempt does not wait for the RedrivePolicy. Broker.Close makes the
-// unsettled messages visible again.
+// attempt does not wait for the RedrivePolicy. Subscription.Close and
+// Broker.Close make the unsettled messages visible again once the long
+// polls they cancelled have ended on the server (at most Config.WaitTime +
+// 1 s): SQS would still hand such a poll a released message, counting a
+// receive (an attempt) that no consumer sees.
 //
 // A queue deleted under a running process (AWS.SimpleQueueService.
 // NonExistentQueue) is declared again by the next publish, receive or DLQ

@@ -944,7 +944,7 @@ queues-storage {
 }
 messages-storage {
   enabled = true
-  uri = "jdbc:h2:$SQS_DIR/data/messages"
+  uri = "jdbc:h2:$SQS_DIR/data/messages;WRITE_DELAY=0"
 }
 aws {
   region = us-east-1

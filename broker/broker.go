@@ -442,8 +442,9 @@ type Capabilities struct {
 	// the delay and cannot rewrite it (SQS ChangeMessageVisibility): the
 	// next delivery's HeaderRetryCount and HeaderFirstFailedAt are derived
 	// from the broker's receive count and first receive time, and the
-	// retry's reason is not carried to it in HeaderLastError. DeadLetter
-	// still sets HeaderLastError.
+	// retry's reason is not carried to it in HeaderLastError (package
+	// worker adds it from its attempt record). DeadLetter still sets
+	// HeaderLastError.
 	RetryInPlace bool
 }
 

@@ -36,7 +36,9 @@
 //   - an ordinary error: roll back and ask the RetryPolicy (default
 //     BackoffPolicy: 5 attempts, 30 s between them). The message comes back
 //     after the delay (broker.Delivery.Retry, HeaderRetryCount + 1,
-//     HeaderLastError = the error text) with Message.Attempt one higher
+//     HeaderLastError = the error text, taken from the attempt record when
+//     the broker retries in place or the Retry was lost) with
+//     Message.Attempt one higher
 //     (OutcomeRetry; OutcomeUnsettled when the broker did not take the
 //     Retry, see "Attempts and lost settlements"). After the last attempt it goes to the queue's DLQ
 //     with its headers plus HeaderLastError (OutcomeDead).

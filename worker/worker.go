@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -173,19 +174,27 @@ type attemptRecord struct {
 // withAttempt returns msg with Attempt raised to the attempt the record
 // says this delivery is: one past the last failed attempt, or, for a
 // message whose DLQ was decided, that last attempt (whatever the broker
-// counted since). msg is returned as is
-// when it already says so; otherwise a shallow copy (Headers and Body are
-// shared and must not be modified either).
+// counted since). A message without HeaderLastError gets the record's
+// reason (the broker retried it in place, Capabilities.RetryInPlace, or
+// the Retry was lost). msg is returned as is when it already says so;
+// otherwise a shallow copy (Body is shared and must not be modified
+// either; Headers is a new map when the reason was added).
 func withAttempt(msg *broker.Message, rec attemptRecord) *broker.Message {
 	want := max(msg.Attempt, 1, rec.attempts+1)
 	if rec.dead {
 		want = max(rec.attempts, 1)
 	}
-	if want == msg.Attempt {
+	addReason := rec.lastError != "" && msg.Headers[broker.HeaderLastError] == ""
+	if want == msg.Attempt && !addReason {
 		return msg
 	}
 	c := *msg
 	c.Attempt = want
+	if addReason {
+		c.Headers = make(map[string]string, len(msg.Headers)+1)
+		maps.Copy(c.Headers, msg.Headers)
+		c.Headers[broker.HeaderLastError] = rec.lastError
+	}
 	return &c
 }
 

@@ -30,7 +30,9 @@
 // or whose SQS encoding is larger than the queue's limit, fails with
 // broker.ErrMessageTooLarge before any call. The Successful and Failed
 // lists of each call are reconciled per entry: a refused entry fails with
-// broker.ErrNacked and SQS's code and message (a *broker.PublishError), and
+// SQS's code and message (a *broker.PublishError), wrapping
+// broker.ErrInvalidMessage for a sender fault (e.g. a body character SQS
+// refuses) and broker.ErrNacked for a server fault, and
 // the accepted entries are never sent again. A call that fails as a whole
 // (unreachable server, throttling, ctx) makes Publish return that error,
 // not a *broker.PublishError. Up to 8 calls of one Publish are in flight;
@@ -72,11 +74,15 @@
 // (Capabilities.MaxDelay): the message stays the same
 // (Capabilities.RetryInPlace), so the next delivery carries
 // HeaderRetryCount (receive count - 1) and HeaderFirstFailedAt (the first
-// receive's time) but not the retry's reason. DeadLetter sends a copy to
+// receive's time) but not the retry's reason (package worker adds it from
+// its attempt record). DeadLetter sends a copy to
 // the DLQ with HeaderLastError, HeaderDeadAt, HeaderRetryCount and
 // HeaderFirstFailedAt, then deletes the message, so the worker's last
-// attempt does not wait for the RedrivePolicy. Broker.Close makes the
-// unsettled messages visible again.
+// attempt does not wait for the RedrivePolicy. Subscription.Close and
+// Broker.Close make the unsettled messages visible again once the long
+// polls they cancelled have ended on the server (at most Config.WaitTime +
+// 1 s): SQS would still hand such a poll a released message, counting a
+// receive (an attempt) that no consumer sees.
 //
 // A queue deleted under a running process (AWS.SimpleQueueService.
 // NonExistentQueue) is declared again by the next publish, receive or DLQ

@@ -32,8 +32,10 @@ type pending struct {
 // MaximumMessageSize bytes per call. A message no queue matches fails with
 // broker.ErrUnroutable, one larger than Capabilities.MaxMessageBytes or
 // the queue's limit with broker.ErrMessageTooLarge, both before any call;
-// an entry SQS lists under Failed fails with broker.ErrNacked and SQS's
-// code and message. Such per-message failures come back as a
+// an entry SQS lists under Failed fails with SQS's code and message,
+// wrapping broker.ErrInvalidMessage when SQS says it is the sender's fault
+// (the message's body or an attribute SQS refuses), broker.ErrNacked when
+// it is the server's. Such per-message failures come back as a
 // *broker.PublishError; the entries SQS accepted are never sent again. A
 // call that failed as a whole (server unreachable, throttled, ctx done)
 // makes Publish return that error, not a *broker.PublishError: none of the
@@ -220,9 +222,11 @@ func splitBatches(ps []pending, limit int) [][]pending {
 func (b *Broker) sendBatch(ctx context.Context, qi *queueInfo, batch []pending) (map[int]error, error) {
 	entries := make([]types.SendMessageBatchRequestEntry, len(batch))
 	byID := map[string]int{}
+	msgID := map[string]string{} // entry ID -> ferry message ID
 	for i, p := range batch {
 		entries[i] = p.entry
 		byID[aws.ToString(p.entry.Id)] = p.idx
+		msgID[aws.ToString(p.entry.Id)] = aws.ToString(p.entry.MessageAttributes[attrID].StringValue)
 	}
 	url, _ := qi.urls()
 	b.sendCalls.Add(1)
@@ -249,16 +253,19 @@ func (b *Broker) sendBatch(ctx context.Context, qi *queueInfo, batch []pending) 
 			continue
 		}
 		done[id] = true
-		who := "server"
+		// A sender fault is the message's own (its body or an attribute
+		// SQS refuses): sending it again fails the same way. A server
+		// fault may pass on a later try.
+		kind, who := broker.ErrNacked, "server"
 		if f.SenderFault {
-			who = "sender"
+			kind, who = broker.ErrInvalidMessage, "sender"
 		}
-		res[idx] = fmt.Errorf("%w: SQS refused it for queue %s (%s fault): %s: %s",
-			broker.ErrNacked, qi.name, who, aws.ToString(f.Code), aws.ToString(f.Message))
+		res[idx] = fmt.Errorf("%w: sqs: publish %s: SQS refused it for queue %s (%s fault): %s: %s",
+			kind, msgID[id], qi.name, who, aws.ToString(f.Code), aws.ToString(f.Message))
 	}
 	for id, idx := range byID {
 		if !done[id] {
-			res[idx] = fmt.Errorf("%w: SQS's answer for queue %s does not list entry %s", broker.ErrNacked, qi.name, id)
+			res[idx] = fmt.Errorf("%w: sqs: publish %s: SQS's answer for queue %s does not list entry %s", broker.ErrNacked, msgID[id], qi.name, id)
 		}
 	}
 	return res, nil

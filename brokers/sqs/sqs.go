@@ -46,6 +46,36 @@ type Broker struct {
 	declMu       sync.Mutex             // serialises re-declares
 	fallbackOnce sync.Once
 	sendCalls    atomic.Int64 // SendMessageBatch calls made (tests)
+	// pollsEnd is when the last long poll a closed subscription cancelled
+	// ends on the server (subscription.Close).
+	pollsEnd time.Time
+}
+
+// abandon notes the server-side end of the long polls in polls, which a
+// closing subscription is about to cancel.
+func (b *Broker) abandon(polls map[*int]time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, end := range polls {
+		if end.After(b.pollsEnd) {
+			b.pollsEnd = end
+		}
+	}
+}
+
+// abandonedUntil returns the visibility timeout (whole seconds, 0..20+1)
+// that keeps a released message hidden until every long poll a closed
+// subscription cancelled has ended on the server, so that none of them
+// receives it (subscription.Close).
+func (b *Broker) abandonedUntil() int32 {
+	b.mu.Lock()
+	end := b.pollsEnd
+	b.mu.Unlock()
+	left := time.Until(end)
+	if left <= 0 {
+		return 0
+	}
+	return int32((left + time.Second - 1) / time.Second)
 }
 
 // queueInfo is one declared work queue and its DLQ on the server.
@@ -432,20 +462,22 @@ func (b *Broker) Close() error {
 	for _, d := range open {
 		byURL[d.url] = append(byURL[d.url], d)
 	}
+	vis := b.abandonedUntil()
 	for url, ds := range byURL {
-		b.release(ctx, url, ds)
+		b.release(ctx, url, ds, vis)
 	}
 	b.cancel()
 	return nil
 }
 
-// release makes the messages of ds visible again at once (best effort).
-func (b *Broker) release(ctx context.Context, url string, ds []*delivery) {
+// release makes the messages of ds visible again after vis seconds (0:
+// at once; best effort).
+func (b *Broker) release(ctx context.Context, url string, ds []*delivery, vis int32) {
 	for i := 0; i < len(ds); i += MaxBatchEntries {
 		var entries []types.ChangeMessageVisibilityBatchRequestEntry
 		for j, d := range ds[i:min(i+MaxBatchEntries, len(ds))] {
 			entries = append(entries, types.ChangeMessageVisibilityBatchRequestEntry{
-				Id: aws.String("r" + strconv.Itoa(j)), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: 0})
+				Id: aws.String("r" + strconv.Itoa(j)), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: vis})
 		}
 		if _, err := b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 			QueueUrl: aws.String(url), Entries: entries}); err != nil {

@@ -48,7 +48,7 @@ func (b *Broker) Subscribe(ctx context.Context, queue string, opts broker.Subscr
 	}
 	sctx, cancel := context.WithCancel(b.ctx)
 	s := &subscription{b: b, qi: qi, opts: opts, vis: vis, ctx: sctx, cancel: cancel,
-		changed: make(chan struct{}), held: map[string]int{}}
+		changed: make(chan struct{}), held: map[string]int{}, polls: map[*int]time.Time{}}
 	url, _ := qi.urls()
 	s.acks = &acker{b: b, url: url}
 	b.mu.Lock()
@@ -87,6 +87,10 @@ type subscription struct {
 	changed  chan struct{}  // closed and replaced on every change
 	acks     *acker
 	errLog   time.Time // last receive error logged
+	// polls holds, per ReceiveMessage call in flight, the time its long
+	// poll ends on the server. Close cancels them on the client; the
+	// server may still hand such an abandoned poll messages until then.
+	polls map[*int]time.Time
 }
 
 func (s *subscription) signal() {
@@ -172,9 +176,6 @@ func (s *subscription) poll() {
 		}
 		n := min(MaxBatchEntries, s.opts.Prefetch-s.inflight)
 		s.inflight += n
-		s.mu.Unlock()
-
-		url, _ := s.qi.urls()
 		// While the queue is busy (the last receive was full) a receive
 		// does not wait and takes the whole AckDeadline at once; an idle
 		// queue is long-polled with the short visibility, raised on
@@ -183,6 +184,11 @@ func (s *subscription) poll() {
 		if busy {
 			wait, vis = 0, s.vis
 		}
+		token := new(int)
+		s.polls[token] = time.Now().Add(time.Duration(wait)*time.Second + pollSlack)
+		s.mu.Unlock()
+
+		url, _ := s.qi.urls()
 		out, err := s.b.client.ReceiveMessage(s.ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(url),
 			MaxNumberOfMessages:         int32(n),
@@ -202,12 +208,13 @@ func (s *subscription) poll() {
 		}
 		busy = err == nil && len(got) == n
 		s.mu.Lock()
+		delete(s.polls, token)
 		s.inflight -= n - len(got)
 		if s.closed {
 			s.mu.Unlock()
 			if len(got) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				s.b.release(ctx, url, got)
+				s.b.release(ctx, url, got, s.b.abandonedUntil())
 				cancel()
 			}
 			return
@@ -246,6 +253,10 @@ func (s *subscription) poll() {
 // may still hand it messages after the client has gone) so hides them for
 // 5 s, not for the whole AckDeadline.
 const pollVisibility = 5
+
+// pollSlack is added to a long poll's WaitTimeSeconds for the time it
+// may take to reach the server and for the server's own rounding.
+const pollSlack = time.Second
 
 // extend sets the visibility of ds to the AckDeadline (batches of 10).
 func (s *subscription) extend(url string, ds []*delivery) {
@@ -305,6 +316,12 @@ func (s *subscription) heartbeat() {
 
 // Close stops polling and makes the buffered messages visible again.
 // Handed-out deliveries can still be settled.
+//
+// A long poll cancelled by Close goes on waiting on the server, which can
+// still hand it a message (counting a receive) that then never reaches a
+// consumer: SQS does not notice the client has gone. So the released
+// messages become visible only once the cancelled polls have ended on the
+// server (at most Config.WaitTime + 1 s after Close), never to one of them.
 func (s *subscription) Close() error {
 	s.shutdown(context.Background())
 	return nil
@@ -317,6 +334,7 @@ func (s *subscription) shutdown(ctx context.Context) {
 		return
 	}
 	s.closed = true
+	s.b.abandon(s.polls)
 	buf := s.buf
 	s.buf = nil
 	s.inflight -= len(buf)
@@ -331,7 +349,7 @@ func (s *subscription) shutdown(ctx context.Context) {
 			byURL[d.url] = append(byURL[d.url], d)
 		}
 		for url, ds := range byURL {
-			s.b.release(ctx, url, ds)
+			s.b.release(ctx, url, ds, s.b.abandonedUntil())
 		}
 		cancel()
 	}

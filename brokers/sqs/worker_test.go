@@ -17,11 +17,13 @@ import (
 	"github.com/ferrymq/ferry/worker"
 )
 
-// runWorker runs a worker on its own broker until the test ends.
+// runWorker runs a worker on its own broker (cfg.Broker, or a new
+// connection) until the test ends.
 func runWorker(t *testing.T, tp broker.Topology, cfg worker.Config) {
 	t.Helper()
-	b := newBroker(t)
-	cfg.Broker = b
+	if cfg.Broker == nil {
+		cfg.Broker = newBroker(t)
+	}
 	cfg.Topology = tp
 	cfg.Queue = tp.Queues[0].Name
 	w, err := worker.New(cfg)

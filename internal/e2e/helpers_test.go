@@ -36,6 +36,18 @@ var brokerServers = map[string]brokerServer{
 	"sqs":      {"--sqs-endpoint", testenv.SQSEndpoint, "sqs"},
 }
 
+// brokerOptions are the addresses of every real server of brokerServers,
+// for tests that open a broker in-process through ferrycli.Brokers.
+func brokerOptions() ferrycli.BrokerOptions {
+	return ferrycli.BrokerOptions{
+		RabbitMQURL:  testenv.RabbitMQURL(),
+		NATSURL:      testenv.NATSURL(),
+		KafkaBrokers: testenv.KafkaBrokers(),
+		SQSEndpoint:  testenv.SQSEndpoint(),
+		AWSRegion:    testenv.AWSRegion(),
+	}
+}
+
 // forEachBroker runs f as a subtest for every broker the ferry command
 // wires, failing for a broker the tests do not know how to reach. RabbitMQ
 // runs twice: with classic queues (the default) and, as subtest

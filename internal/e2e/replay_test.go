@@ -24,7 +24,7 @@ func TestReplaySince(t *testing.T) {
 		srv := brokerServers[b]
 		queue := testenv.UniqueName("e2e-replay") + ".q"
 		args := []string{"replay", "--broker", b, srv.urlFlag, srv.url(), "--queue", queue}
-		opts := ferrycli.BrokerOptions{RabbitMQURL: testenv.RabbitMQURL(), NATSURL: testenv.NATSURL(), KafkaBrokers: testenv.KafkaBrokers()}
+		opts := brokerOptions()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		br, err := ferrycli.OpenBroker(ctx, b, opts)

@@ -355,7 +355,8 @@ func testMany(t *testing.T, s suite) {
 
 // testOrdered: with Config.Ordered and 8 concurrent handlers, the
 // messages of one key are handled one after the other, in publish order,
-// while other keys run alongside.
+// while other keys run alongside. On a broker whose Capabilities.Ordering
+// is OrderingNone the worker refuses Ordered with ErrUnsupported.
 func testOrdered(t *testing.T, s suite) {
 	f := setup(t, s, 1)
 	out := newOutcomes()
@@ -388,6 +389,19 @@ func testOrdered(t *testing.T, s suite) {
 	cfg.Concurrency = 8
 	cfg.Ordered = true
 	cfg.OnOutcome = out.hook
+	if f.b.Capabilities().Ordering == broker.OrderingNone {
+		// Capability branch: the broker promises no order (SQS standard
+		// queues), so an ordered worker must refuse to run, not run
+		// unordered.
+		w, err := worker.New(cfg)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancel()
+			err = w.Run(ctx)
+		}
+		require.ErrorIs(t, err, broker.ErrUnsupported, "Config.Ordered on a broker with OrderingNone")
+		return
+	}
 	const keys, perKey = 4, 40
 	var msgs []*broker.Message
 	for i := range perKey {
@@ -471,11 +485,13 @@ func testRetriesThenDLQ(t *testing.T, s suite) {
 		mu       sync.Mutex
 		attempts []int
 		times    []time.Time
+		reasons  []string
 	)
 	cfg := f.config("retry", f.queue, func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 		mu.Lock()
 		attempts = append(attempts, msg.Attempt)
 		times = append(times, time.Now())
+		reasons = append(reasons, msg.Headers[broker.HeaderLastError])
 		mu.Unlock()
 		if err := recordSideEffect(ctx, tx, "retry", msg); err != nil {
 			return err
@@ -490,6 +506,8 @@ func testRetriesThenDLQ(t *testing.T, s suite) {
 
 	mu.Lock()
 	require.Equal(t, []int{1, 2, 3}, attempts, "exactly MaxAttempts attempts")
+	require.Equal(t, []string{"", "smtp: 451 try later (attempt 1)", "smtp: 451 try later (attempt 2)"}, reasons,
+		"each retry carries the previous attempt's error as HeaderLastError (from the attempt record where the broker retries in place)")
 	for i := 1; i < len(times); i++ {
 		gap := times[i].Sub(times[i-1])
 		require.GreaterOrEqual(t, gap, retryDelay*8/10, "attempt %d came %v after the previous one; the retry delay is %v", i+1, gap, retryDelay)

@@ -340,10 +340,10 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 	// from the same log as last before it is trusted.
 	var last *kafkago.Message
 	suspect := false
-	reset := func() bool {
+	reset := func(why string) bool {
 		var first int64
 		var err error
-		if ps, first, err = s.resetPartition(ctx, ps); err != nil {
+		if ps, first, err = s.resetPartition(ctx, ps, why); err != nil {
 			s.b.log.Warn("reset of a partition failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
 			sleepCtx(ctx, time.Second)
 			return false
@@ -360,7 +360,7 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 				return
 			}
 			if errors.Is(err, kafkago.OffsetOutOfRange) {
-				reset()
+				reset("the read position is past the end of the log (topic created again?)")
 				continue
 			}
 			if missingTopic(err) {
@@ -390,7 +390,7 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 			if verr != nil {
 				s.b.log.Warn("could not check whether the topic was created again; reading on", "topic", ps.key.topic, "partition", ps.key.partition, "error", verr)
 			} else if !same {
-				reset()
+				reset("the partition went missing and the record last read is no longer in it (topic created again)")
 				continue
 			}
 		}
@@ -466,12 +466,13 @@ func headerOf(hs []kafkago.Header, key string) string {
 	return ""
 }
 
-// resetPartition handles a read position past the end of the log: the
-// topic was deleted and created again (or truncated), so the offsets held
-// belong to a log that is gone. It forgets them (deliveries of the old log
+// resetPartition handles a log that is gone (why, logged: a read position
+// past the end of the log, or the record last read no longer at its
+// offset): the topic was deleted and created again (or truncated), so the
+// offsets held belong to a log that is gone. It forgets them (deliveries of the old log
 // can no longer be settled), starts a fresh state at the log's first
 // offset and commits it.
-func (s *subscription) resetPartition(ctx context.Context, old *partState) (*partState, int64, error) {
+func (s *subscription) resetPartition(ctx context.Context, old *partState, why string) (*partState, int64, error) {
 	res, err := s.b.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{
 		old.key.topic: {kafkago.FirstOffsetOf(old.key.partition)}}})
 	if err != nil {
@@ -484,7 +485,7 @@ func (s *subscription) resetPartition(ctx context.Context, old *partState) (*par
 		}
 		first = po.FirstOffset
 	}
-	s.b.log.Warn("the read position is past the end of the log (topic created again?); reading it from its first offset",
+	s.b.log.Warn(why+"; reading it from its first offset",
 		"queue", s.q.queue.Name, "topic", old.key.topic, "partition", old.key.partition, "offset", first)
 	s.mu.Lock()
 	old.revoked = true

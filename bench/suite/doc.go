@@ -7,7 +7,7 @@
 // command from ferrycli.Brokers), so a broker added to the command is
 // benchmarked without a change here; this package imports no adapter. The
 // raw baselines use each broker's own client (amqp091-go, nats.go
-// jetstream) on a topic of their own; a broker without a raw client gets
+// jetstream, kafka-go) on a topic of their own; a broker without a raw client gets
 // "not supported" for raw and replay.
 //
 // Scenarios (see bench/README.md): raw, pipeline, end-to-end, latency,

@@ -19,7 +19,8 @@ import (
 // The raw baselines move messages through a broker with its own client
 // and no ferry code, in the relay's shape: publishers publishing at once,
 // each a batch of the relay's BatchSize with every confirm awaited before
-// the next batch; then one consumer acking each message. They are the
+// the next batch; then one consumer acking each message (Kafka: committing
+// its offset every batch, a commit covering the records below it). They are the
 // denominator of every ratio ferry bench reports.
 
 // errNoRaw is returned by newRawClient for a broker without a raw
@@ -31,7 +32,7 @@ var errNoRaw = errors.New("no raw baseline for this broker")
 var errNoReplay = errors.New("not supported")
 
 // rawClient is one broker's own client on a topic of its own (a RabbitMQ
-// exchange and queue, a JetStream stream), created by newRawClient and
+// exchange and queue, a JetStream stream, a Kafka topic), created by newRawClient and
 // removed by close.
 type rawClient interface {
 	// publish sends n messages of a size-byte body with publisher confirms
@@ -54,6 +55,8 @@ func newRawClient(ctx context.Context, kind, url string) (rawClient, error) {
 		return newRabbitRawClient(url)
 	case "nats":
 		return newNATSRawClient(ctx, url)
+	case "kafka":
+		return newKafkaRawClient(ctx, url)
 	}
 	return nil, errNoRaw
 }

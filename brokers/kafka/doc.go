@@ -31,8 +31,11 @@
 // partition count, replication factor or cleanup.policy differ is an error
 // wrapping broker.ErrTopologyMismatch. A topic deleted while processes run
 // is created again on the next publish, retry or fetch that misses it; a
-// subscription whose position is past the end of the new log reads it
-// from its start.
+// subscription reads the new log from its start, both when its position is
+// past the new log's end and when the new log already reaches it (after
+// the partition went missing, the record last read is looked up at its
+// offset; another record there means a new log). Records written to the
+// old log and not yet read are lost with it.
 //
 // # Publish
 //

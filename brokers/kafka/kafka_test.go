@@ -2,6 +2,8 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -32,20 +34,47 @@ func newBroker(tb testing.TB) broker.Broker {
 	return b
 }
 
-// deleteTopology deletes every topic of t (kafka.TopicNames) and the
-// queues' consumer groups. A subscription or publisher running meanwhile
-// declares the topics again on its next failure.
-func deleteTopology(ctx context.Context, tb testing.TB, t broker.Topology) {
+// removeTopology deletes every topic of t (kafka.TopicNames) and the
+// queues' consumer groups and returns what failed. A subscription or
+// publisher running meanwhile declares the topics again on its next
+// failure. A group with a live member cannot be deleted (Kafka answers
+// NON_EMPTY_GROUP, KIP-229); that is not an error here: under a running
+// consumer the topics are the topology, and the group's offsets of a
+// deleted topic go with it.
+func removeTopology(ctx context.Context, t broker.Topology) error {
 	c := &kafkago.Client{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Timeout: 10 * time.Second}
-	if _, err := c.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: kafka.TopicNames(t)}); err != nil {
-		tb.Logf("delete topics of %s: %v", t.Exchange, err)
+	var errs []error
+	tr, err := c.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: kafka.TopicNames(t)})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("delete topics of %s: %w", t.Exchange, err))
+	} else {
+		for topic, terr := range tr.Errors {
+			if terr != nil && !errors.Is(terr, kafkago.UnknownTopicOrPartition) {
+				errs = append(errs, fmt.Errorf("delete topic %s: %w", topic, terr))
+			}
+		}
 	}
 	var groups []string
 	for _, q := range t.Queues {
 		groups = append(groups, kafka.GroupID(q.Name))
 	}
-	if _, err := c.DeleteGroups(ctx, &kafkago.DeleteGroupsRequest{GroupIDs: groups}); err != nil {
-		tb.Logf("delete groups of %s: %v", t.Exchange, err)
+	gr, err := c.DeleteGroups(ctx, &kafkago.DeleteGroupsRequest{GroupIDs: groups})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("delete groups of %s: %w", t.Exchange, err))
+	} else {
+		for group, gerr := range gr.Errors {
+			if gerr != nil && !errors.Is(gerr, kafkago.NonEmptyGroup) && !errors.Is(gerr, kafkago.GroupIdNotFound) {
+				errs = append(errs, fmt.Errorf("delete group %s: %w", group, gerr))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteTopology is removeTopology for a clean-up: it logs what failed.
+func deleteTopology(ctx context.Context, tb testing.TB, t broker.Topology) {
+	if err := removeTopology(ctx, t); err != nil {
+		tb.Logf("clean-up: %v", err)
 	}
 }
 
@@ -58,6 +87,9 @@ func TestConformance(t *testing.T) {
 		StartServer: func(t *testing.T) { testenv.Services(t, "start", "kafka") },
 		DeleteTopology: func(ctx context.Context, t *testing.T, topo broker.Topology) {
 			deleteTopology(ctx, t, topo)
+		},
+		RemoveTopology: func(ctx context.Context, _ *testing.T, topo broker.Topology) error {
+			return removeTopology(ctx, topo)
 		},
 	})
 }

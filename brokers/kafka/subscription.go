@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -333,6 +334,25 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64) {
 	r := s.newReader(ps.key.topic, ps.key.partition, offset)
 	defer func() { r.Close() }()
+	// last is the last record read from this partition; suspect is set
+	// when the partition went missing meanwhile (the topic may have been
+	// deleted and created again), so the next record is checked to come
+	// from the same log as last before it is trusted.
+	var last *kafkago.Message
+	suspect := false
+	reset := func(why string) bool {
+		var first int64
+		var err error
+		if ps, first, err = s.resetPartition(ctx, ps, why); err != nil {
+			s.b.log.Warn("reset of a partition failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
+			sleepCtx(ctx, time.Second)
+			return false
+		}
+		r.Close()
+		r = s.newReader(ps.key.topic, ps.key.partition, first)
+		last, suspect = nil, false
+		return true
+	}
 	for {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
@@ -340,15 +360,11 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 				return
 			}
 			if errors.Is(err, kafkago.OffsetOutOfRange) {
-				var first int64
-				if ps, first, err = s.resetPartition(ctx, ps); err != nil {
-					s.b.log.Warn("reset of a partition failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
-					sleepCtx(ctx, time.Second)
-					continue
-				}
-				r.Close()
-				r = s.newReader(ps.key.topic, ps.key.partition, first)
+				reset("the read position is past the end of the log (topic created again?)")
 				continue
+			}
+			if missingTopic(err) {
+				suspect = true
 			}
 			s.b.log.Debug("fetch failed; retrying", "topic", ps.key.topic, "partition", ps.key.partition, "error", err)
 			s.recreate(ctx, err)
@@ -357,6 +373,28 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 			}
 			continue
 		}
+		// The reader reconnects by itself on UnknownTopicOrPartition and
+		// NotLeaderForPartition (it counts them as rebalances) and goes on
+		// at the same offset. If the topic was created again and its new
+		// log already reaches that offset, the records before it would be
+		// passed over unseen: check the log is still the one last came from.
+		if r.Stats().Rebalances > 0 {
+			suspect = true
+		}
+		if suspect && last != nil {
+			suspect = false
+			same, verr := s.sameLog(ctx, last)
+			if verr != nil && ctx.Err() != nil {
+				return
+			}
+			if verr != nil {
+				s.b.log.Warn("could not check whether the topic was created again; reading on", "topic", ps.key.topic, "partition", ps.key.partition, "error", verr)
+			} else if !same {
+				reset("the partition went missing and the record last read is no longer in it (topic created again)")
+				continue
+			}
+		}
+		last = &m
 		msg, internal := fromRecord(m)
 		if msg.ID == "" {
 			// Not written by ferry: name it by its coordinates, which stay
@@ -397,12 +435,44 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 	}
 }
 
-// resetPartition handles a read position past the end of the log: the
-// topic was deleted and created again (or truncated), so the offsets held
-// belong to a log that is gone. It forgets them (deliveries of the old log
+// sameLog reports whether the record at last's offset is still last,
+// that is whether last's partition was not deleted and created again
+// since last was read. A record gone (the offset is past the log's end)
+// or another record at that offset means a new log.
+func (s *subscription) sameLog(ctx context.Context, last *kafkago.Message) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r := s.newReader(last.Topic, last.Partition, last.Offset)
+	defer r.Close()
+	m, err := r.FetchMessage(ctx)
+	switch {
+	case errors.Is(err, kafkago.OffsetOutOfRange):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return m.Offset == last.Offset && m.Time.Equal(last.Time) &&
+		bytes.Equal(m.Key, last.Key) && bytes.Equal(m.Value, last.Value) &&
+		headerOf(m.Headers, hdrID) == headerOf(last.Headers, hdrID), nil
+}
+
+// headerOf returns the value of the first header named key, "" if none.
+func headerOf(hs []kafkago.Header, key string) string {
+	for _, h := range hs {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// resetPartition handles a log that is gone (why, logged: a read position
+// past the end of the log, or the record last read no longer at its
+// offset): the topic was deleted and created again (or truncated), so the
+// offsets held belong to a log that is gone. It forgets them (deliveries of the old log
 // can no longer be settled), starts a fresh state at the log's first
 // offset and commits it.
-func (s *subscription) resetPartition(ctx context.Context, old *partState) (*partState, int64, error) {
+func (s *subscription) resetPartition(ctx context.Context, old *partState, why string) (*partState, int64, error) {
 	res, err := s.b.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{
 		old.key.topic: {kafkago.FirstOffsetOf(old.key.partition)}}})
 	if err != nil {
@@ -415,7 +485,7 @@ func (s *subscription) resetPartition(ctx context.Context, old *partState) (*par
 		}
 		first = po.FirstOffset
 	}
-	s.b.log.Warn("the read position is past the end of the log (topic created again?); reading it from its first offset",
+	s.b.log.Warn(why+"; reading it from its first offset",
 		"queue", s.q.queue.Name, "topic", old.key.topic, "partition", old.key.partition, "offset", first)
 	s.mu.Lock()
 	old.revoked = true

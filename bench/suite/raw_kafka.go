@@ -1,0 +1,147 @@
+package suite
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// kafkaRawClient is segmentio/kafka-go on a topic of its own with one
+// partition (so replay reads one log from offset 0): a Writer with
+// acks=all in the relay's shape, a consumer group Reader that commits the
+// offsets of each batch it read (Kafka's ack), and a group-less Reader for
+// the replay. Its URL is kafka://host:port[,host:port].
+type kafkaRawClient struct {
+	addrs []string
+	topic string
+	group string
+	w     *kafkago.Writer
+}
+
+func newKafkaRawClient(ctx context.Context, url string) (*kafkaRawClient, error) {
+	addrs := strings.Split(strings.TrimPrefix(url, "kafka://"), ",")
+	r := &kafkaRawClient{addrs: addrs, topic: uniqueName("benchraw"), group: uniqueName("benchraw")}
+	c := &kafkago.Client{Addr: kafkago.TCP(addrs...), Timeout: 10 * time.Second}
+	res, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{Topic: r.topic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil {
+		return nil, fmt.Errorf("bench: raw kafka: create topic: %w", err)
+	}
+	if err := res.Errors[r.topic]; err != nil {
+		return nil, fmt.Errorf("bench: raw kafka: create topic %s: %w", r.topic, err)
+	}
+	r.w = &kafkago.Writer{
+		Addr:         kafkago.TCP(addrs...),
+		Topic:        r.topic,
+		BatchSize:    100000,
+		BatchBytes:   1 << 20,
+		BatchTimeout: time.Millisecond,
+		RequiredAcks: kafkago.RequireAll,
+		// A transport of its own: kafka-go's shared DefaultTransport
+		// caches metadata that may predate the topic.
+		Transport: &kafkago.Transport{},
+	}
+	return r, nil
+}
+
+// publish writes n records with the adapters' headers, relayConcurrency
+// writers at once, each a batch of relayBatch records awaited (acks=all)
+// before the next.
+func (r *kafkaRawClient) publish(ctx context.Context, n, size int) (time.Duration, error) {
+	body := makeBody(1, size)
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		failure error
+	)
+	start := time.Now()
+	for range relayConcurrency {
+		wg.Go(func() {
+			msgs := make([]kafkago.Message, 0, relayBatch)
+			for {
+				first := int(next.Add(relayBatch)) - relayBatch
+				if first >= n {
+					return
+				}
+				msgs = msgs[:0]
+				created := broker.FormatTime(time.Now())
+				for id := first + 1; id <= min(first+relayBatch, n); id++ {
+					hs := []kafkago.Header{{Key: "x-ferry-id", Value: []byte(strconv.Itoa(id))}, {Key: "x-ferry-type", Value: []byte(EventType)}}
+					for k, v := range rawHeaders(id, created) {
+						hs = append(hs, kafkago.Header{Key: k, Value: []byte(v)})
+					}
+					msgs = append(msgs, kafkago.Message{Key: []byte("user-" + strconv.Itoa(id%100)), Value: body, Headers: hs})
+				}
+				if err := r.w.WriteMessages(ctx, msgs...); err != nil {
+					errOnce.Do(func() { failure = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if failure != nil {
+		return 0, fmt.Errorf("bench: raw kafka write: %w", failure)
+	}
+	return time.Since(start), nil
+}
+
+// read takes n records from rd; when commit, it commits the offset of
+// every relayBatch-th record and of the last (the group's ack).
+func (r *kafkaRawClient) read(ctx context.Context, rd *kafkago.Reader, n int, commit bool) (time.Duration, error) {
+	start := time.Now()
+	for got := 1; got <= n; got++ {
+		m, err := rd.FetchMessage(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("bench: raw kafka fetch: %w", err)
+		}
+		if commit && (got%relayBatch == 0 || got == n) {
+			if err := rd.CommitMessages(ctx, m); err != nil {
+				return 0, fmt.Errorf("bench: raw kafka commit: %w", err)
+			}
+		}
+	}
+	return time.Since(start), nil
+}
+
+func (r *kafkaRawClient) consume(ctx context.Context, n int) (time.Duration, error) {
+	rd := kafkago.NewReader(kafkago.ReaderConfig{Brokers: r.addrs, GroupID: r.group, Topic: r.topic,
+		StartOffset: kafkago.FirstOffset, MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond})
+	defer rd.Close()
+	return r.read(ctx, rd, n, true)
+}
+
+// replay reads the topic again from offset 0: a Kafka log keeps records
+// after their offsets are committed.
+func (r *kafkaRawClient) replay(ctx context.Context, n int) (time.Duration, error) {
+	rd := kafkago.NewReader(kafkago.ReaderConfig{Brokers: r.addrs, Topic: r.topic, Partition: 0,
+		MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond})
+	defer rd.Close()
+	if err := rd.SetOffset(kafkago.FirstOffset); err != nil {
+		return 0, fmt.Errorf("bench: raw kafka replay: %w", err)
+	}
+	return r.read(ctx, rd, n, false)
+}
+
+// version names the client: Kafka's protocol does not report the server's
+// release.
+func (r *kafkaRawClient) version() string { return "kafka at " + strings.Join(r.addrs, ",") }
+
+func (r *kafkaRawClient) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = r.w.Close()
+	c := &kafkago.Client{Addr: kafkago.TCP(r.addrs...), Timeout: 10 * time.Second}
+	// Best effort, as the other raw clients' clean-up: a leftover topic
+	// only costs disk.
+	_, _ = c.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{r.topic}})
+	_, _ = c.DeleteGroups(ctx, &kafkago.DeleteGroupsRequest{GroupIDs: []string{r.group}})
+}

@@ -116,12 +116,17 @@ func requirements(t broker.Topology) broker.Requirements {
 	return r
 }
 
+// brokerWaitLogEvery is how often connectBroker logs that it is still
+// waiting for an unreachable broker (its retries are 0.5 s doubling to 5 s).
+const brokerWaitLogEvery = 5 * time.Second
+
 func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, log *slog.Logger) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {
 		return nil, err
 	}
 	backoff := 500 * time.Millisecond
+	var lastWarn time.Time
 	for attempt := 1; ; attempt++ {
 		b, err := f(ctx, o)
 		if err == nil {
@@ -147,8 +152,11 @@ func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.T
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if attempt == 1 || attempt%10 == 0 {
+		// At most one line per brokerWaitLogEvery, so a long wait shows
+		// it is still trying without flooding the log.
+		if time.Since(lastWarn) >= brokerWaitLogEvery {
 			log.Warn("broker not reachable; retrying", "broker", name, "attempt", attempt, "error", err)
+			lastWarn = time.Now()
 		}
 		select {
 		case <-ctx.Done():

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/outbox"
 )
@@ -303,18 +304,18 @@ func latency(b *testing.B, kind string, rate int) {
 	}
 	sortDurations(lat)
 	sortDurations(conf)
-	p50, p99, worst := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
+	p50, p99, worst := suite.Percentile(lat, 50), suite.Percentile(lat, 99), lat[len(lat)-1]
 	b.ReportMetric(ms(p50), "p50-ms")
 	b.ReportMetric(ms(p99), "p99-ms")
 	b.ReportMetric(ms(worst), "max-ms")
-	b.ReportMetric(ms(percentile(conf, 50)), "confirmed-p50-ms")
-	b.ReportMetric(ms(percentile(conf, 99)), "confirmed-p99-ms")
+	b.ReportMetric(ms(suite.Percentile(conf, 50)), "confirmed-p50-ms")
+	b.ReportMetric(ms(suite.Percentile(conf, 99)), "confirmed-p99-ms")
 	b.ReportMetric(float64(n)/d.Seconds(), "paced-events/s")
 	b.ReportMetric(0, "ns/op")
 	b.Logf("%s: %d events at %d/s (achieved %.0f/s), %s; %s", kind, n, rate, float64(n)/d.Seconds(), describeMessage(), s)
 	b.Logf("%s: commit-to-handler latency p50 %.2f ms (aim <= 5), p99 %.2f ms (aim <= 10), max %.2f ms", kind, ms(p50), ms(p99), ms(worst))
 	b.Logf("%s: of which commit-to-confirmed (relay woken, claimed, published, confirm received) p50 %.2f ms, p99 %.2f ms; %d of %d handled before the relay saw the confirm",
-		kind, ms(percentile(conf, 50)), ms(percentile(conf, 99)), early, len(ids))
+		kind, ms(suite.Percentile(conf, 50)), ms(suite.Percentile(conf, 99)), early, len(ids))
 	b.Logf("%s: %s", kind, p.stats())
 }
 

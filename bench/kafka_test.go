@@ -10,6 +10,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -36,7 +37,7 @@ func rawKafka(b *testing.B, exchange string, n, publishers, batch int) float64 {
 	}
 	defer w.Close()
 	topic := kafka.TopicName(exchange)
-	body := eventBody(1)
+	body := suite.EventBody(1, bodyBytes)
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup

@@ -75,7 +75,7 @@ func rawRabbitMQ(b *testing.B, exchange string, n, channels, batch int) float64 
 	conn, err := amqp.Dial(testenv.RabbitMQURL())
 	must(b, err)
 	defer conn.Close()
-	elapsed, err := suite.RabbitMQPublish(benchCtx(b), conn, exchange, n, channels, batch, eventBody(1))
+	elapsed, err := suite.RabbitMQPublish(benchCtx(b), conn, exchange, n, channels, batch, suite.EventBody(1, bodyBytes))
 	must(b, err)
 	return float64(n) / elapsed.Seconds()
 }
@@ -94,7 +94,7 @@ type natsRaw struct {
 
 func newNATSRaw(b *testing.B, exchange string) *natsRaw {
 	b.Helper()
-	r := &natsRaw{subject: nats.StreamName(exchange) + "." + eventType, body: eventBody(1)}
+	r := &natsRaw{subject: nats.StreamName(exchange) + "." + eventType, body: suite.EventBody(1, bodyBytes)}
 	nc, err := natsgo.Connect(testenv.NATSURL())
 	must(b, err)
 	b.Cleanup(nc.Close)
@@ -171,7 +171,7 @@ func fillOutbox(b *testing.B, db database, n int) {
 	_, err := db.pool.Exec(ctx, `
 		INSERT INTO outbox (event_type, partition_key, payload, headers)
 		SELECT $2, 'user-' || (g % 100), $3::bytea, jsonb_build_object('traceparent', $4::text)
-		FROM generate_series(1, $1) g`, n, eventType, eventBody(1), traceparent)
+		FROM generate_series(1, $1) g`, n, eventType, suite.EventBody(1, bodyBytes), traceparent)
 	must(b, err)
 	_, err = db.pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	must(b, err)
@@ -185,7 +185,7 @@ func fillBusiness(b *testing.B, db database, n int) {
 	ctx := benchCtx(b)
 	bodies := make([][]byte, n)
 	for i := range bodies {
-		bodies[i] = eventBody(int64(i + 1))
+		bodies[i] = suite.EventBody(int64(i+1), bodyBytes)
 	}
 	_, err := db.pool.Exec(ctx, `
 		INSERT INTO notifications (id, user_id, channel, to_addr, subject, body)
@@ -203,7 +203,7 @@ func fillBusiness(b *testing.B, db database, n int) {
 }
 
 func describeMessage() string {
-	m := &broker.Message{ID: "12345", Type: eventType, Key: "user-42", Body: eventBody(12345),
+	m := &broker.Message{ID: "12345", Type: eventType, Key: "user-42", Body: suite.EventBody(12345, bodyBytes),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent, broker.HeaderCreatedAt: broker.FormatTime(time.Now())}}
 	return fmt.Sprintf("%d-byte messages (%d-byte body)", m.Size(), len(m.Body))
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/brokers/nats"
@@ -324,29 +323,6 @@ func purgeQueues(b *testing.B, kind string, tp broker.Topology) {
 	}
 }
 
-// eventBody returns the JSON body of the event of notification id, padded
-// to bodyBytes.
-func eventBody(id int64) []byte {
-	head := fmt.Sprintf(`{"notification_id":"%d","user_id":"user-%d","channel":"email","subject":"Your weekly summary","pad":"`, id, id%100)
-	pad := max(bodyBytes-len(head)-2, 0)
-	return []byte(head + strings.Repeat("x", pad) + `"}`)
-}
-
-// notificationID reads notification_id from an event body.
-func notificationID(body []byte) (int64, error) {
-	var ev struct {
-		NotificationID string `json:"notification_id"`
-	}
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return 0, fmt.Errorf("bench: event body: %w", err)
-	}
-	id, err := strconv.ParseInt(ev.NotificationID, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("bench: notification_id %q: %w", ev.NotificationID, err)
-	}
-	return id, nil
-}
-
 // produce commits one business row (a pending notification) and its
 // outbox event in one transaction and returns the outbox row's id (the
 // message ID).
@@ -363,7 +339,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 		RETURNING id`, "user-bench").Scan(&id); err != nil {
 		return 0, fmt.Errorf("insert notification: %w", err)
 	}
-	ev := outbox.Event{Type: eventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: eventBody(id),
+	ev := outbox.Event{Type: eventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: suite.EventBody(id, bodyBytes),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
 	ids, err := outbox.Enqueue(ctx, tx, ev)
 	if err != nil {
@@ -427,30 +403,10 @@ func produceWithoutNotify(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := tx.Exec(ctx, `
 		INSERT INTO outbox (event_type, partition_key, payload, headers)
 		VALUES ($1, $2, $3, jsonb_build_object('traceparent', $4::text))`,
-		eventType, "user-"+strconv.FormatInt(id%100, 10), eventBody(id), traceparent); err != nil {
+		eventType, "user-"+strconv.FormatInt(id%100, 10), suite.EventBody(id, bodyBytes), traceparent); err != nil {
 		return fmt.Errorf("insert outbox: %w", err)
 	}
 	return tx.Commit(ctx)
-}
-
-// handler is the benchmark's worker.Handler: only database work, the
-// worker's dedup insert plus one status update of the business row, no
-// SMTP. onHandled, when set, is called with the message first.
-func handler(onHandled func(msg *broker.Message)) worker.Handler {
-	return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
-		id, err := notificationID(msg.Body)
-		if err != nil {
-			return worker.Permanent(err)
-		}
-		if onHandled != nil {
-			onHandled(msg)
-		}
-		_, err = tx.Exec(ctx, `
-			UPDATE notifications
-			SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
-			WHERE id = $1`, id)
-		return err
-	}
 }
 
 // pipeline is a relay and a worker running on one database and broker
@@ -513,7 +469,7 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 		pools = append(pools, pool)
 		w, err := worker.New(worker.Config{
 			Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp,
-			Pool: pool, Broker: newBroker(b, kind, tp, s), Handler: handler(pt.onHandled),
+			Pool: pool, Broker: newBroker(b, kind, tp, s), Handler: suite.DBHandler(pt.onHandled),
 			Concurrency: s.workerConc, Prefetch: s.workerPrefetch, BatchSize: s.workerBatch, Logger: quietLogger,
 			OnOutcome: func(_ *broker.Message, o worker.Outcome, d time.Duration) {
 				p.handlerNanos.Add(int64(d))
@@ -601,16 +557,6 @@ func countSent(b *testing.B, db database) int64 {
 	var n int64
 	must(b, db.pool.QueryRow(benchCtx(b), `SELECT count(*) FROM notifications WHERE status = 'sent'`).Scan(&n))
 	return n
-}
-
-// percentile returns the p-th percentile (0 < p <= 100) of sorted ds,
-// nearest rank.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(float64(len(sorted))*p/100+0.999999) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -12,6 +12,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/sqs"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -75,7 +76,7 @@ func rawSQS(b *testing.B, tp broker.Topology, n, publishers, batch int) float64 
 					for j := i; j < min(i+10, last); j++ {
 						id := strconv.FormatInt(j+1, 10)
 						entries = append(entries, types.SendMessageBatchRequestEntry{
-							Id: aws.String("m" + id), MessageBody: aws.String(string(eventBody(j + 1))),
+							Id: aws.String("m" + id), MessageBody: aws.String(string(suite.EventBody(j+1, bodyBytes))),
 							MessageAttributes: map[string]types.MessageAttributeValue{
 								"ferry-id": str(id), "ferry-type": str(eventType), "ferry-key": str("user-" + strconv.FormatInt(j%100, 10)),
 								"ferry-headers": str(string(headers)),

@@ -101,7 +101,7 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 	}
 	defer pool.Close()
 	w, err := worker.New(worker.Config{
-		Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp, Pool: pool, Broker: br, Handler: dbHandler(nil),
+		Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp, Pool: pool, Broker: br, Handler: DBHandler(nil),
 		Concurrency: workers, Logger: cfg.Logger, ShutdownTimeout: 5 * time.Second,
 		OnOutcome: func(m *broker.Message, o worker.Outcome, _ time.Duration) {
 			if o == worker.OutcomeDuplicate {

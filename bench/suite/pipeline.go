@@ -52,7 +52,7 @@ type pipeline struct {
 type parts struct {
 	relay, worker bool
 	workers       int                   // worker.Config.Concurrency
-	handler       worker.Handler        // default dbHandler(onHandled)
+	handler       worker.Handler        // default DBHandler(onHandled)
 	onHandled     func(*broker.Message) // see dbHandler
 	policy        worker.RetryPolicy
 	onOutcome     func(*broker.Message, worker.Outcome)
@@ -105,7 +105,7 @@ func startPipeline(ctx context.Context, t Target, db *database, tp broker.Topolo
 		}
 		h := pt.handler
 		if h == nil {
-			h = dbHandler(pt.onHandled)
+			h = DBHandler(pt.onHandled)
 		}
 		w, err := worker.New(worker.Config{
 			Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp, Pool: pool, Broker: br, Handler: h,

@@ -250,7 +250,7 @@ func newRabbitRawClient(url string) (*rabbitRawClient, error) {
 }
 
 func (r *rabbitRawClient) publish(ctx context.Context, n, size int) (time.Duration, error) {
-	return RabbitMQPublish(ctx, r.conn, r.exchange, n, relayConcurrency, relayBatch, makeBody(1, size))
+	return RabbitMQPublish(ctx, r.conn, r.exchange, n, relayConcurrency, relayBatch, EventBody(1, size))
 }
 
 func (r *rabbitRawClient) consume(ctx context.Context, n int) (time.Duration, error) {
@@ -334,7 +334,7 @@ func newNATSRawClient(ctx context.Context, url string) (*natsRawClient, error) {
 }
 
 func (r *natsRawClient) publish(ctx context.Context, n, size int) (time.Duration, error) {
-	return NATSPublish(ctx, r.js, r.subject, n, relayConcurrency, relayBatch, makeBody(1, size))
+	return NATSPublish(ctx, r.js, r.subject, n, relayConcurrency, relayBatch, EventBody(1, size))
 }
 
 // read takes n messages from consumer cfg, acking each when ack.

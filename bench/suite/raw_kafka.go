@@ -55,7 +55,7 @@ func newKafkaRawClient(ctx context.Context, url string) (*kafkaRawClient, error)
 // writers at once, each a batch of relayBatch records awaited (acks=all)
 // before the next.
 func (r *kafkaRawClient) publish(ctx context.Context, n, size int) (time.Duration, error) {
-	body := makeBody(1, size)
+	body := EventBody(1, size)
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup

@@ -529,7 +529,7 @@ func (r *runner) retry(ctx context.Context, t Target) ([]Result, error) {
 	)
 	isPoison := func(id int64) bool { return id%10 == 0 && id/10 <= int64(poison) }
 	handler := func(ctx context.Context, tx pgx.Tx, m *broker.Message) error {
-		id, err := bodyID(m.Body)
+		id, err := EventID(m.Body)
 		if err != nil {
 			return worker.Permanent(err)
 		}

@@ -34,16 +34,18 @@ const DefaultSize = 160
 // traceparent is carried by every event, as the sample app's API does.
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
-// makeBody returns the JSON body of the event of notification id, padded
-// with x to size bytes (never shorter than the JSON without padding).
-func makeBody(id int64, size int) []byte {
+// EventBody returns the JSON body of the benchmark event of notification
+// id, padded with x to size bytes (never shorter than the JSON without
+// padding). The Go benchmarks of package bench use it too.
+func EventBody(id int64, size int) []byte {
 	head := fmt.Sprintf(`{"notification_id":"%d","user_id":"user-%d","channel":"email","subject":"Your weekly summary","pad":"`, id, id%100)
 	pad := max(size-len(head)-2, 0)
 	return []byte(head + strings.Repeat("x", pad) + `"}`)
 }
 
-// bodyID reads notification_id from an event body.
-func bodyID(body []byte) (int64, error) {
+// EventID reads notification_id from an EventBody; the error names what
+// does not parse.
+func EventID(body []byte) (int64, error) {
 	var ev struct {
 		NotificationID string `json:"notification_id"`
 	}
@@ -183,7 +185,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool, size int) (int64, error) {
 		RETURNING id`, "user-bench").Scan(&id); err != nil {
 		return 0, fmt.Errorf("bench: insert notification: %w", err)
 	}
-	ev := outbox.Event{Type: EventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: makeBody(id, size),
+	ev := outbox.Event{Type: EventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: EventBody(id, size),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
 	ids, err := outbox.Enqueue(ctx, tx, ev)
 	if err != nil {
@@ -259,7 +261,7 @@ func produceAll(ctx context.Context, pool *pgxpool.Pool, n, producers, rate, siz
 func fillBusiness(ctx context.Context, db *database, n, size int) error {
 	bodies := make([][]byte, n)
 	for i := range bodies {
-		bodies[i] = makeBody(int64(i+1), size)
+		bodies[i] = EventBody(int64(i+1), size)
 	}
 	if _, err := db.admin.Exec(ctx, `
 		INSERT INTO notifications (id, user_id, channel, to_addr, subject, body)
@@ -283,13 +285,13 @@ func fillBusiness(ctx context.Context, db *database, n, size int) error {
 	return nil
 }
 
-// dbHandler is the benchmark's worker.Handler: only database work, the
+// DBHandler is the benchmark's worker.Handler: only database work, the
 // worker's dedup insert plus one status update of the business row, no
 // SMTP, so the figures measure ferry and not a mail server. onHandled,
 // when set, is called with the message first.
-func dbHandler(onHandled func(msg *broker.Message)) worker.Handler {
+func DBHandler(onHandled func(msg *broker.Message)) worker.Handler {
 	return func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
-		id, err := bodyID(msg.Body)
+		id, err := EventID(msg.Body)
 		if err != nil {
 			return worker.Permanent(err)
 		}

@@ -135,8 +135,80 @@ func quietUsageErrors(cmds []*cli.Command) {
 		cmd.OnUsageError = func(c *cli.Context, err error, _ bool) error {
 			return usagef("%s: %v (see ferry %s --help)", cmdName(c), err, cmdName(c))
 		}
+		quietRequiredFlags(cmd)
 		quietUsageErrors(cmd.Subcommands)
 	}
+}
+
+// requiredFlagExamples gives, by flag name, the example that the error of
+// a missing required flag shows (quietRequiredFlags).
+var requiredFlagExamples = map[string]string{
+	flagSince: "--since 90m (or --since 2026-12-01T09:00:00Z)",
+}
+
+// quietRequiredFlags makes a missing required flag of cmd an ErrUsage
+// error of one line that names the flag and shows an example
+// (requiredFlagExamples), printed once by Main: urfave/cli's own check of
+// Required flags prints the whole help page before its error. It clears
+// the flags' Required field (marking "(required)" in their usage text
+// instead) and checks them in cmd.Before, which urfave/cli runs after
+// --help is handled.
+func quietRequiredFlags(cmd *cli.Command) {
+	var required []string
+	for _, f := range cmd.Flags {
+		if unrequire(f) {
+			required = append(required, f.Names()[0])
+		}
+	}
+	if len(required) == 0 {
+		return
+	}
+	before := cmd.Before
+	cmd.Before = func(c *cli.Context) error {
+		var missing []string
+		for _, r := range required {
+			if !c.IsSet(r) {
+				missing = append(missing, r)
+			}
+		}
+		name := cmdName(c)
+		switch {
+		case len(missing) == 1 && requiredFlagExamples[missing[0]] != "":
+			return usagef("%s: missing required flag --%s; for example: ferry %s %s", name, missing[0], name, requiredFlagExamples[missing[0]])
+		case len(missing) > 0:
+			return usagef("%s: missing required flag(s) --%s (see ferry %s --help)", name, strings.Join(missing, ", --"), name)
+		case before != nil:
+			return before(c)
+		}
+		return nil
+	}
+}
+
+// unrequire clears f's Required field and marks its usage text
+// "(required)"; it reports whether f was required. It knows the flag
+// types ferry uses; any other required flag stays with urfave/cli's check.
+func unrequire(f cli.Flag) bool {
+	mark := func(req *bool, usage *string) bool {
+		if !*req {
+			return false
+		}
+		*req = false
+		*usage += " (required)"
+		return true
+	}
+	switch f := f.(type) {
+	case *cli.StringFlag:
+		return mark(&f.Required, &f.Usage)
+	case *cli.IntFlag:
+		return mark(&f.Required, &f.Usage)
+	case *cli.DurationFlag:
+		return mark(&f.Required, &f.Usage)
+	case *cli.BoolFlag:
+		return mark(&f.Required, &f.Usage)
+	case *cli.StringSliceFlag:
+		return mark(&f.Required, &f.Usage)
+	}
+	return false
 }
 
 // newLogger builds the slog logger of --log-format and --log-level.

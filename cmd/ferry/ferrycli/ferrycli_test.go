@@ -3,6 +3,7 @@ package ferrycli_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,14 +53,19 @@ func TestUsageErrors(t *testing.T) {
 		{"demo missing file", []string{"demo", "--file", "/no/such/file.ndjson"}, []string{"--file", "no such file"}},
 		{"demo clients", []string{"demo", "--clients", "0"}, []string{"--clients 0"}},
 		{"unknown command", []string{"fly"}, []string{`no command "fly"`}},
+		{"replay without --since", []string{"replay"}, []string{"replay: missing required flag --since; for example: ferry replay --since 90m"}},
+		{"bench-child without its flags", []string{"bench-child", "--broker", "nats"}, []string{"missing required flag(s) --role, --database-url, --exchange"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			code, _, errOut := run(t, tc.args...)
+			code, out, errOut := run(t, tc.args...)
 			require.Equal(t, 2, code, "stderr: %s", errOut)
 			for _, w := range tc.want {
 				require.Contains(t, errOut, w)
 			}
+			// One line on stderr, no help page on stdout.
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(errOut), "\n")+1, "stderr: %s", errOut)
+			require.NotContains(t, out, "USAGE:")
 			require.NotContains(t, errOut, "panic")
 		})
 	}

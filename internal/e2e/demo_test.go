@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -81,4 +83,60 @@ func TestDemoKafkaFile(t *testing.T) {
 	require.Equal(t, 32, summaryCount(t, out, "rejected"))
 	require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
 	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+}
+
+// TestDemoRefusedTopologyAcceptsNothing: when the broker refuses the
+// topology (here RabbitMQ's 406 PRECONDITION_FAILED for a queue that
+// exists as a classic queue while the demo asks for quorum), the demo
+// fails naming the cause before its API accepts anything: no
+// notification is written that it would then leave pending and leave out
+// of its summary.
+func TestDemoRefusedTopologyAcceptsNothing(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	args := []string{"demo", "--broker=rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+		"--database-url", db, "--smtp-addr", testenv.SMTPAddr(),
+		"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q")}
+	code, out, errOut := ferry(t, args...) // declares the queues as classic queues
+	require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
+	require.Equal(t, 50, summaryCount(t, out, "accepted"))
+
+	code, out, errOut = ferry(t, append(args, "--rabbitmq-queue-type", "quorum")...)
+	t.Logf("%s", out)
+	require.Equal(t, 1, code)
+	pool, err := pgxpool.New(context.Background(), db)
+	require.NoError(t, err)
+	defer pool.Close()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM notifications`).Scan(&n))
+	require.Equal(t, 50, n, "the refused run wrote no notification")
+	require.Contains(t, errOut, "nothing was posted")
+	require.Contains(t, errOut, "PRECONDITION_FAILED")
+	require.Contains(t, errOut, "--rabbitmq-queue-type")
+	require.NotContains(t, out, "posting 55 line(s)")
+}
+
+// TestDemoEarlyStopSummaryMatchesDatabase: a demo that stops early
+// (--timeout while mail cannot be sent and posting is under way) still
+// reports every accepted notification: the summary's accepted count is
+// the number of notifications in the database, and they all show as
+// still pending.
+func TestDemoEarlyStopSummaryMatchesDatabase(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	file := filepath.Join(testenv.RepoRoot(), "..", "shared", "data", "notifications-1000.ndjson")
+	code, out, errOut := ferry(t, "demo", "--broker=rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+		"--database-url", db, "--smtp-addr", "127.0.0.1:1", // nothing listens: every send fails and waits 30 s to retry
+		"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q"),
+		"--file", file, "--timeout", "1s")
+	t.Logf("%s", out)
+	require.Equal(t, 1, code, "stderr:\n%s", tail(errOut, 8<<10))
+	require.Contains(t, errOut, "within --timeout 1s")
+	pool, err := pgxpool.New(context.Background(), db)
+	require.NoError(t, err)
+	defer pool.Close()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM notifications`).Scan(&n))
+	require.Positive(t, n)
+	require.Equal(t, n, summaryCount(t, out, "accepted"), "the summary counts every notification the API accepted")
+	require.Equal(t, n, summaryCount(t, out, "still pending"))
+	require.Equal(t, summaryCount(t, out, "posted"), n+summaryCount(t, out, "rejected"))
 }

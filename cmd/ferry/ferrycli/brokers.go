@@ -99,13 +99,6 @@ func OpenBroker(ctx context.Context, name string, o BrokerOptions) (broker.Broke
 	return f(ctx, o)
 }
 
-// connectBroker opens the broker and declares t on it, retrying with
-// backoff (0.5 s doubling to 5 s) while the broker cannot be reached, so
-// a relay or worker started before its broker waits for it. It returns
-// only a lookup error, a topology the broker refuses as unsupported or as
-// different from what it already holds (broker.ErrTopologyMismatch, e.g.
-// another --retry-delay than the queue was declared with: permanent, so
-// not retried), or ctx's error.
 // requirements is what the notification service asks of a broker with
 // topology t: its largest event and every queue's retry delays.
 func requirements(t broker.Topology) broker.Requirements {
@@ -120,6 +113,13 @@ func requirements(t broker.Topology) broker.Requirements {
 // waiting for an unreachable broker (its retries are 0.5 s doubling to 5 s).
 const brokerWaitLogEvery = 5 * time.Second
 
+// connectBroker opens the broker and declares t on it, retrying with
+// backoff (0.5 s doubling to 5 s) while the broker cannot be reached, so
+// a relay or worker started before its broker waits for it. It returns
+// only a lookup error, a topology the broker refuses as unsupported or as
+// different from what it already holds (broker.ErrTopologyMismatch, e.g.
+// another --retry-delay than the queue was declared with: permanent, so
+// not retried), or ctx's error.
 func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, log *slog.Logger) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {

@@ -44,8 +44,9 @@ func demoCommand() *cli.Command {
 		Name:  "demo",
 		Usage: "run api, relay and worker, post every line of --file (or a built-in sample) to the API, wait until each accepted notification is sent or dead, and print a summary",
 		Description: "Without --database-url, --broker/--nats-url and --smtp-addr, demo starts embedded PostgreSQL,\n" +
-			"NATS JetStream and an SMTP sink in its own process. It exits 0 only when every accepted\n" +
-			"notification reached a final state (sent or dead).",
+			"NATS JetStream and an SMTP sink in its own process. Its API accepts nothing before the\n" +
+			"topology is declared on the broker. It exits 0 only when every accepted notification\n" +
+			"reached a final state (sent or dead).",
 		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags(), []cli.Flag{
 			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
 			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},
@@ -134,32 +135,45 @@ func runDemo(c *cli.Context) error {
 	}
 	ready := make(chan string, 1)
 	st.apiReady = func(addr string) { ready <- addr }
+	// The API starts only once the relay and the worker declared the
+	// topology: a broker that refuses it (a queue of another type, other
+	// retry delays) stops the demo before anything is accepted.
+	st.apiAfterBroker = true
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runErr := make(chan error, 1)
 	go func() { runErr <- st.runAll(runCtx) }()
 
+	fmt.Fprintf(out, "ferry demo: database: %s\nferry demo: broker:   %s\nferry demo: mail:     %s\nferry demo: declaring the topology on the broker…\n",
+		w.database, w.broker, w.smtp)
+	deadline := time.After(c.Duration(flagTimeout))
 	var apiAddr string
 	select {
 	case apiAddr = <-ready:
 	case err := <-runErr:
-		return fmt.Errorf("ferry demo: %w", err)
+		if err == nil {
+			err = errors.New("stopped without an error")
+		}
+		return fmt.Errorf("ferry demo: stopped before the API started, nothing was posted: %w", err)
+	case <-deadline:
+		return fmt.Errorf("ferry demo: the broker (%s) was not ready within --%s %v, nothing was posted", w.broker, flagTimeout, c.Duration(flagTimeout))
 	case <-ctx.Done():
 		return nil
 	}
-	fmt.Fprintf(out, "ferry demo: database: %s\nferry demo: broker:   %s\nferry demo: mail:     %s\nferry demo: posting %d line(s) of %s to http://%s/notifications\n",
-		w.database, w.broker, w.smtp, len(lines), inputName, apiAddr)
+	fmt.Fprintf(out, "ferry demo: posting %d line(s) of %s to http://%s/notifications\n", len(lines), inputName, apiAddr)
 
 	start := time.Now()
 	res := &demoResult{rejected: map[string]int{}}
 	postDone := make(chan struct{})
+	postCtx, stopPosting := context.WithCancel(runCtx)
+	defer stopPosting()
+	keyPrefix := fmt.Sprintf("ferry-demo-%d-", start.UnixNano())
 	go func() {
 		defer close(postDone)
-		postAll(runCtx, "http://"+apiAddr+"/notifications", lines, c.Int(flagClients), res)
+		postAll(postCtx, "http://"+apiAddr+"/notifications", keyPrefix, lines, c.Int(flagClients), res)
 	}()
 
 	bar := newProgress(out, start)
-	deadline := time.After(c.Duration(flagTimeout))
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var cnt demoCounts
@@ -200,6 +214,21 @@ loop:
 		}
 	}
 	elapsed := time.Since(start)
+
+	// Count again after the posting clients stopped: on an early stop the
+	// last counts are stale, and a POST still in flight gets its answer
+	// (the API drains its requests when it stops), so every accepted
+	// notification is in the summary.
+	stopPosting()
+	if postDone != nil {
+		<-postDone
+	}
+	cnt.lines = len(lines)
+	cnt.posted, cnt.accepted, cnt.rejected, ids = res.counts()
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	if err := countFinal(qctx, st, ids, &cnt); err != nil {
+		log.Warn("demo: reading notification statuses", "error", err)
+	}
 	bar.finish(cnt)
 
 	sum := summary{
@@ -207,7 +236,6 @@ loop:
 		elapsed: elapsed, where: w,
 		retryDelays: s.retryDelays, maxAttempts: s.maxAttempts,
 	}
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	sum.p50, sum.p99, sum.deadReasons, _ = latencyAndReasons(qctx, st, ids)
 	cancel()
 
@@ -223,16 +251,23 @@ loop:
 }
 
 // postAll posts every line with n concurrent clients and records the
-// answers in res.
-func postAll(ctx context.Context, url string, lines [][]byte, n int, res *demoResult) {
+// answers in res. Line i carries Idempotency-Key keyPrefix+i, so a POST
+// retried after a lost answer cannot create a second notification.
+// Cancelling ctx stops handing out lines; a POST already sent still gets
+// its answer, so an accepted line is never counted as failed.
+func postAll(ctx context.Context, url, keyPrefix string, lines [][]byte, n int, res *demoResult) {
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: n}}
 	defer client.CloseIdleConnections()
-	work := make(chan []byte)
+	type job struct {
+		line []byte
+		key  string
+	}
+	work := make(chan job)
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
-			for line := range work {
-				id, reason := postOne(ctx, client, url, line)
+			for j := range work {
+				id, reason := postOne(ctx, client, url, j.key, j.line)
 				res.mu.Lock()
 				res.posted++
 				if reason == "" {
@@ -244,9 +279,9 @@ func postAll(ctx context.Context, url string, lines [][]byte, n int, res *demoRe
 			}
 		})
 	}
-	for _, l := range lines {
+	for i, l := range lines {
 		select {
-		case work <- l:
+		case work <- job{line: l, key: keyPrefix + strconv.Itoa(i+1)}:
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
@@ -257,16 +292,19 @@ func postAll(ctx context.Context, url string, lines [][]byte, n int, res *demoRe
 	wg.Wait()
 }
 
-// postOne posts one line and returns the new notification's id, or the
-// reason it was refused (the API's error code and field).
-func postOne(ctx context.Context, client *http.Client, url string, line []byte) (int64, string) {
+// postOne posts one line with Idempotency-Key key and returns the new
+// notification's id, or the reason it was refused (the API's error code
+// and field). It retries a request that got no answer at most twice, not
+// after ctx is done; a request once sent is not cancelled by ctx.
+func postOne(ctx context.Context, client *http.Client, url, key string, line []byte) (int64, string) {
 	var lastErr error
 	for try := 0; try < 3; try++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(line))
+		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, url, bytes.NewReader(line))
 		if err != nil {
 			return 0, "request: " + err.Error()
 		}
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
 		resp, err := client.Do(req)
 		if err != nil {
 			lastErr = err
@@ -381,7 +419,11 @@ func (s *summary) print(w io.Writer, failure error) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
 	row("input", fmt.Sprintf("%s (%d lines)", s.input, s.lines))
-	row("posted", fmt.Sprintf("%d", c.posted))
+	if c.posted < s.lines {
+		row("posted", fmt.Sprintf("%d  (%d line(s) not posted: the demo stopped early)", c.posted, s.lines-c.posted))
+	} else {
+		row("posted", fmt.Sprintf("%d", c.posted))
+	}
 	row("accepted", fmt.Sprintf("%d", c.accepted))
 	row("rejected", fmt.Sprintf("%d", c.rejected))
 	for _, k := range sortedKeys(s.rejected) {
@@ -397,7 +439,11 @@ func (s *summary) print(w io.Writer, failure error) {
 		row("", fmt.Sprintf("  %4d  %s", s.deadReasons[k], clipText(k, 100)))
 	}
 	if pending := c.accepted - c.sent - c.dead; pending > 0 {
-		row("still pending", fmt.Sprintf("%d", pending))
+		where := "not sent or dead yet; kept in the database above, where ferry relay and ferry worker (or ferry run) finish them"
+		if s.where.dbRemovedAtExit {
+			where = "in the embedded database, which is removed at exit: run the demo with --data-dir to keep it"
+		}
+		row("still pending", fmt.Sprintf("%d  (%s)", pending, where))
 	}
 	row("duplicates absorbed", fmt.Sprintf("%d  (deliveries of an already processed message ID, acked without sending)", s.duplicates))
 	final := c.sent + c.dead

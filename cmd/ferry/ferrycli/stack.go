@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,6 +36,15 @@ type stack struct {
 	// apiReady, when set, receives the API's listen address once it
 	// accepts connections.
 	apiReady func(addr string)
+	// apiAfterBroker makes runAll start the API only once the relay and
+	// the worker have declared the topology on the broker (demo: nothing
+	// is accepted that a broker refusing the topology would leave
+	// pending). Unset (run), the API accepts into the outbox while the
+	// broker is still unreachable.
+	apiAfterBroker bool
+	// brokerReady, when set, is called by runRelay and runWorker once
+	// their broker is connected and the topology declared.
+	brokerReady func()
 	// obs adds metrics, tracing and the stuck-outbox alert; nil changes
 	// nothing.
 	obs *observability
@@ -48,6 +58,9 @@ type stack struct {
 type where struct {
 	database, broker, smtp string
 	sink                   *smtpSink
+	// dbRemovedAtExit is set when the database is the embedded one in a
+	// temporary folder (no --data-dir), deleted with what it holds.
+	dbRemovedAtExit bool
 }
 
 // startEmbedded starts, for demo and run, the embedded servers that the
@@ -81,6 +94,7 @@ func startEmbedded(ctx context.Context, s *settings, log *slog.Logger, stops *st
 			}
 		})
 		s.databaseURL = pg.URL()
+		w.dbRemovedAtExit = s.dataDir == ""
 		w.database = "embedded PostgreSQL " + string(embeddedPGVersion) + " at " + redactURL(pg.URL()) + " (data in " + pg.dir + ")"
 	}
 	if !s.brokerSet {
@@ -299,6 +313,9 @@ func (st *stack) runRelay(ctx context.Context) error {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
+	if st.brokerReady != nil {
+		st.brokerReady()
+	}
 	p, err := ferry.New(ferry.Config{
 		Pool:            st.pool,
 		Broker:          st.obs.relayBroker(b),
@@ -331,6 +348,9 @@ func (st *stack) runWorker(ctx context.Context) error {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
+	if st.brokerReady != nil {
+		st.brokerReady()
+	}
 	p, err := ferry.New(ferry.Config{
 		Pool:            st.pool,
 		Broker:          b,
@@ -364,13 +384,35 @@ func (st *stack) brokerOptions(component string) BrokerOptions {
 }
 
 // runAll runs api, relay and worker until ctx is done or one of them
-// fails; a failure stops the others.
+// fails; a failure stops the others. With apiAfterBroker the API starts
+// only after the relay and the worker declared the topology, so a broker
+// that refuses it (broker.ErrTopologyMismatch) stops runAll before any
+// request is accepted.
 func (st *stack) runAll(ctx context.Context) error {
 	if err := st.checkSchema(ctx, true); err != nil { // once for the three roles
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return st.runAPI(gctx) })
+	brokerUp := make(chan struct{})
+	if st.apiAfterBroker {
+		var left atomic.Int32
+		left.Store(2) // relay and worker
+		st.brokerReady = func() {
+			if left.Add(-1) == 0 {
+				close(brokerUp)
+			}
+		}
+	} else {
+		close(brokerUp)
+	}
+	g.Go(func() error {
+		select {
+		case <-brokerUp:
+		case <-gctx.Done():
+			return nil // stopped, or the relay or worker failed: its error is runAll's
+		}
+		return st.runAPI(gctx)
+	})
 	g.Go(func() error { return st.runRelay(gctx) })
 	g.Go(func() error { return st.runWorker(gctx) })
 	return g.Wait()

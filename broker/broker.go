@@ -646,6 +646,19 @@ type DeadLetterQueue interface {
 	// Purge deletes the dead messages with the given IDs (all when ids is
 	// nil) and returns the IDs deleted.
 	Purge(ctx context.Context, ids []string) ([]string, error)
+	// Where says where this DLQ is on the broker, in the broker's own
+	// terms, so a person finds it with the broker's tools (console,
+	// management UI, CLI): the kind of object and its real name, e.g.
+	// `RabbitMQ queue "notifications.send.dlq"`, `NATS stream
+	// "notifications-dlq", subject "notifications-dlq.notifications_send"`,
+	// `Kafka topic "notifications.send.dlq"`, `SQS queue
+	// "notifications__notifications-send-dlq"`. One line, no trailing
+	// period. Adapters whose names follow from the queue's name alone
+	// (RabbitMQ, Kafka) do no I/O; the others look an undeclared queue up
+	// as List does and then return List's lookup errors (ErrUnknownQueue
+	// wrapped, naming the queue). Returns ErrClosed after the broker's
+	// Close.
+	Where(ctx context.Context) (string, error)
 }
 
 // TruncateReason cuts reason to at most MaxReasonBytes bytes at a UTF-8

@@ -35,7 +35,8 @@
 // A retried message comes back only to the queue it failed in. After the
 // last attempt the worker moves it to the queue's DLQ (DLQName) with the
 // reason in HeaderLastError; DeadLetterQueue lists, replays and purges it
-// the same way on every broker.
+// the same way on every broker, and its Where names the broker's own
+// object that holds it (an SQS queue's real name differs from DLQName).
 //
 // Package brokertest is the conformance suite every adapter runs.
 package broker

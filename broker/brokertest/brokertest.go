@@ -1215,9 +1215,17 @@ func (s *suite) testDLQWithoutDeclare(t *testing.T) {
 	require.Len(t, list, 1)
 	require.Equal(t, "n1", list[0].Message.ID)
 
-	// The declaring broker sees the same DLQ.
+	// The declaring broker sees the same DLQ, and both name the same
+	// broker-side object.
 	own, err := b.DLQ(work)
 	require.NoError(t, err)
+	where, err := dlq.Where(ctx)
+	require.NoError(t, err, "Where of a DLQ found on the server")
+	require.NotEmpty(t, where)
+	require.NotContains(t, where, "\n", "Where is one line")
+	ownWhere, err := own.Where(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ownWhere, where, "the declaring broker and a tool name the same DLQ")
 	list, err = own.List(ctx, 0)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
@@ -1282,6 +1290,8 @@ func (s *suite) testClose(t *testing.T) {
 	_, err = dlq.Replay(ctx, nil)
 	require.ErrorIs(t, err, broker.ErrClosed)
 	_, err = dlq.Purge(ctx, nil)
+	require.ErrorIs(t, err, broker.ErrClosed)
+	_, err = dlq.Where(ctx)
 	require.ErrorIs(t, err, broker.ErrClosed)
 	_, err = sub.Receive(ctx)
 	require.ErrorIs(t, err, broker.ErrClosed)

@@ -392,3 +392,12 @@ func (b *kafkaBroker) ReplaySince(ctx context.Context, queue string, since time.
 	b.log.Info("group offsets reset", "queue", queue, "topic", topic, "since", since, "records", strconv.FormatInt(n, 10))
 	return n, nil
 }
+
+// Where implements broker.DeadLetterQueue: the compacted Kafka topic
+// <queue>.dlq (DLQTopicName). It does no I/O.
+func (q *dlq) Where(context.Context) (string, error) {
+	if q.b.closed.Load() {
+		return "", broker.ErrClosed
+	}
+	return fmt.Sprintf("Kafka topic %q", q.topic), nil
+}

@@ -364,3 +364,14 @@ func (q *deadLetterQueue) Purge(ctx context.Context, ids []string) ([]string, er
 	}
 	return purged, nil
 }
+
+// Where implements broker.DeadLetterQueue: the queue's subject of its
+// exchange's DLQ stream. For a queue this broker did not declare it looks
+// the exchange up first (locate) and returns locate's errors.
+func (q *deadLetterQueue) Where(ctx context.Context) (string, error) {
+	p, err := q.locate(ctx)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("NATS stream %q, subject %q", p.names.dlqStream, p.dlqSubj), nil
+}

@@ -241,3 +241,12 @@ func (q *dlq) Replay(ctx context.Context, ids []string) ([]string, error) {
 	})
 	return out, err
 }
+
+// Where implements broker.DeadLetterQueue: the RabbitMQ queue
+// <queue>.dlq (in the vhost of Config.URL). It does no I/O.
+func (q *dlq) Where(context.Context) (string, error) {
+	if q.r.closed.Load() {
+		return "", broker.ErrClosed
+	}
+	return fmt.Sprintf("RabbitMQ queue %q", q.name), nil
+}

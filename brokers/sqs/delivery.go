@@ -35,7 +35,7 @@ type delivery struct {
 func (s *subscription) newDelivery(url string, sm types.Message) *delivery {
 	m, err := decode(sm, true)
 	if err != nil {
-		s.b.log.Warn("sqs: undecodable message; handing it out raw", "queue", s.qi.q.Name, "err", err)
+		s.b.log.Warn("sqs: undecodable message; handing it out raw", "queue", s.qi.q.Name, "sqs_queue", s.qi.name, "err", err)
 		m = &broker.Message{ID: aws.ToString(sm.MessageId), Body: []byte(aws.ToString(sm.Body)), Attempt: 1}
 	}
 	rc, _ := strconv.Atoi(sm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])

@@ -198,7 +198,7 @@ func (q *dlq) giveBack(url string, ds []dead) {
 		}
 		if _, err := q.b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 			QueueUrl: aws.String(url), Entries: entries}); err != nil {
-			q.b.log.Warn("sqs: DLQ: make messages visible again", "queue", q.queue, "err", err)
+			q.b.log.Warn("sqs: DLQ: make messages visible again", "queue", q.queue, "sqs_queue", path(url), "err", err)
 		}
 	}
 }
@@ -290,4 +290,18 @@ func (q *dlq) move(ctx context.Context, ids []string, replay bool) ([]string, er
 		done = slices.Compact(done)
 	}
 	return done, firstErr
+}
+
+// Where implements broker.DeadLetterQueue: the SQS queue that holds the
+// DLQ (QueueName of the exchange and <queue>.dlq), as the AWS console and
+// ListQueues show it. For a queue this broker did not declare it looks
+// the queue up first and returns that lookup's errors.
+func (q *dlq) Where(ctx context.Context) (string, error) {
+	ctx, cancel := q.b.opCtx(ctx, q.b.cfg.PublishTimeout)
+	defer cancel()
+	qi, err := q.resolve(ctx, false)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("SQS queue %q", qi.dlqName), nil
 }

@@ -117,3 +117,30 @@ func TestConformance(t *testing.T) {
 func TestWorkerSuite(t *testing.T) {
 	workertest.RunWorkerSuite(t, newBroker)
 }
+
+// TestDLQWhereNamesTheSQSQueue: Where names the SQS queue that holds the
+// DLQ, the name the AWS console and ListQueues show (not ferry's logical
+// "<queue>.dlq"), for the declaring broker and for a tool that never
+// declared, and that queue exists on the server.
+func TestDLQWhereNamesTheSQSQueue(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ex, q := testenv.UniqueName("where.ex"), testenv.UniqueName("where.q")
+	tp := broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: q, Bindings: []string{"evt.where"}}}}
+	b := newBroker(t)
+	require.NoError(t, b.Declare(ctx, tp))
+	real := sqs.QueueName(ex, broker.DLQName(q), false)
+	require.NotEqual(t, broker.DLQName(q), real)
+	for i, br := range []broker.Broker{b, newBroker(t)} {
+		d, err := br.DLQ(q)
+		require.NoError(t, err)
+		where, err := d.Where(ctx)
+		require.NoError(t, err, "broker %d", i)
+		require.Equal(t, `SQS queue "`+real+`"`, where, "broker %d", i)
+	}
+	tool, err := sqs.New(ctx, config())
+	require.NoError(t, err)
+	defer tool.Close()
+	_, err = tool.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(real)})
+	require.NoError(t, err, "the queue Where names exists on the server")
+}

@@ -285,7 +285,7 @@ func (s *subscription) logErr(msg string, err error) {
 	}
 	s.errLog = time.Now()
 	s.mu.Unlock()
-	s.b.log.Warn(msg, "queue", s.qi.q.Name, "err", err)
+	s.b.log.Warn(msg, "queue", s.qi.q.Name, "sqs_queue", s.qi.name, "err", err)
 }
 
 // heartbeat keeps the buffered (received, not handed out) messages

@@ -138,10 +138,24 @@ func dlqError(c *cli.Context, s *settings, err error) error {
 }
 
 // notInDLQ is the error of replay and purge when some requested IDs were
-// not in the DLQ (the others were acted on).
-func notInDLQ(c *cli.Context, s *settings, missing []string, asked int) error {
+// not in the DLQ labelled label (the others were acted on).
+func notInDLQ(c *cli.Context, label string, missing []string, asked int) error {
 	return fmt.Errorf("ferry: %s: %d of %d requested ID(s) not in the DLQ %s: %s",
-		cmdName(c), len(missing), asked, broker.DLQName(s.queue), strings.Join(missing, ", "))
+		cmdName(c), len(missing), asked, label, strings.Join(missing, ", "))
+}
+
+// dlqLabel names the DLQ of s.queue in the commands' output: ferry's name
+// followed by where it is on the broker (broker.DeadLetterQueue.Where),
+// e.g. `notifications.send.dlq (SQS queue
+// "notifications__notifications-send-dlq")`, so the user finds it in the
+// broker's console; ferry's name alone when the broker cannot say.
+func dlqLabel(c *cli.Context, s *settings, d broker.DeadLetterQueue) string {
+	name := broker.DLQName(s.queue)
+	where, err := d.Where(c.Context)
+	if err != nil || where == "" {
+		return name
+	}
+	return name + " (" + where + ")"
 }
 
 // deadJSON is one dead message in `dlq list --format json`.
@@ -208,6 +222,7 @@ func dlqList(c *cli.Context) error {
 		}
 		match = append(match, m)
 	}
+	label := dlqLabel(c, s, d)
 	out := match
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
@@ -220,14 +235,14 @@ func dlqList(c *cli.Context) error {
 	switch {
 	case len(out) < len(match) && filtered:
 		fmt.Fprintf(c.App.Writer, "showing the oldest %d of %d matching dead message(s) (%d in the DLQ %s); --%s 0 lists all, --%s N more\n",
-			len(out), len(match), len(msgs), broker.DLQName(s.queue), flagLimit, flagLimit)
+			len(out), len(match), len(msgs), label, flagLimit, flagLimit)
 	case len(out) < len(match):
 		fmt.Fprintf(c.App.Writer, "showing the oldest %d of %d dead message(s) in the DLQ %s; --%s 0 lists all, --%s N more, --format json for every field\n",
-			len(out), len(match), broker.DLQName(s.queue), flagLimit, flagLimit)
+			len(out), len(match), label, flagLimit, flagLimit)
 	case filtered:
-		fmt.Fprintf(c.App.Writer, "%d matching dead message(s) (%d in the DLQ %s)\n", len(out), len(msgs), broker.DLQName(s.queue))
+		fmt.Fprintf(c.App.Writer, "%d matching dead message(s) (%d in the DLQ %s)\n", len(out), len(msgs), label)
 	default:
-		fmt.Fprintf(c.App.Writer, "%d dead message(s) in the DLQ %s\n", len(out), broker.DLQName(s.queue))
+		fmt.Fprintf(c.App.Writer, "%d dead message(s) in the DLQ %s\n", len(out), label)
 	}
 	return nil
 }
@@ -319,14 +334,15 @@ func dlqReplay(c *cli.Context) error {
 			return dlqError(c, s, err)
 		}
 		msgs = pick(msgs, ids)
-		fmt.Fprintf(c.App.Writer, "dry run: would replay %d message(s) to %s:\n", len(msgs), s.queue)
+		label := dlqLabel(c, s, d)
+		fmt.Fprintf(c.App.Writer, "dry run: would replay %d message(s) from the DLQ %s to %s:\n", len(msgs), label, s.queue)
 		writeDeadTable(c.App.Writer, msgs)
 		found := make([]string, 0, len(msgs))
 		for _, m := range msgs {
 			found = append(found, m.Message.ID)
 		}
 		if missing := notIn(ids, found); len(missing) > 0 {
-			return notInDLQ(c, s, missing, len(ids))
+			return notInDLQ(c, label, missing, len(ids))
 		}
 		return nil
 	}
@@ -335,6 +351,7 @@ func dlqReplay(c *cli.Context) error {
 	if err != nil {
 		return dlqError(c, s, err)
 	}
+	label := dlqLabel(c, s, d)
 	byID := map[string]broker.DeadMessage{}
 	for _, m := range before {
 		byID[m.Message.ID] = m
@@ -354,9 +371,9 @@ func dlqReplay(c *cli.Context) error {
 		}
 		return fmt.Errorf("ferry: dlq replay: %d replayed before the error: %w", len(done), err)
 	}
-	fmt.Fprintf(c.App.Writer, "replayed %d message(s) to %s%s\n", len(done), s.queue, listSuffix(done))
+	fmt.Fprintf(c.App.Writer, "replayed %d message(s) from the DLQ %s to %s%s\n", len(done), label, s.queue, listSuffix(done))
 	if missing := notIn(ids, done); len(missing) > 0 {
-		return notInDLQ(c, s, missing, len(ids))
+		return notInDLQ(c, label, missing, len(ids))
 	}
 	return nil
 }
@@ -382,6 +399,7 @@ func dlqPurge(c *cli.Context) error {
 		return err
 	}
 	defer b.Close()
+	label := dlqLabel(c, s, d)
 	done, err := d.Purge(c.Context, ids)
 	who := operator()
 	for _, id := range done {
@@ -393,9 +411,9 @@ func dlqPurge(c *cli.Context) error {
 		}
 		return fmt.Errorf("ferry: dlq purge: %d purged before the error: %w", len(done), err)
 	}
-	fmt.Fprintf(c.App.Writer, "purged %d message(s) from %s%s\n", len(done), broker.DLQName(s.queue), listSuffix(done))
+	fmt.Fprintf(c.App.Writer, "purged %d message(s) from the DLQ %s%s\n", len(done), label, listSuffix(done))
 	if missing := notIn(ids, done); len(missing) > 0 {
-		return notInDLQ(c, s, missing, len(ids))
+		return notInDLQ(c, label, missing, len(ids))
 	}
 	return nil
 }

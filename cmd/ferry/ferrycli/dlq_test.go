@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -17,6 +19,7 @@ import (
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
@@ -146,7 +149,7 @@ func TestDLQDeclaresNothingRabbitMQ(t *testing.T) {
 	code, out, errOut = run(t, append([]string{"dlq", "replay", "--id", "m1", "--id", "999"}, rabbitArgs(q)...)...)
 	require.Equal(t, 1, code, "an ID not in the DLQ is an error; stdout %q", out)
 	require.Contains(t, out, "replayed 1 message(s)")
-	require.Contains(t, errOut, "ferry: dlq replay: 1 of 2 requested ID(s) not in the DLQ "+q+".dlq: 999")
+	require.Contains(t, errOut, "ferry: dlq replay: 1 of 2 requested ID(s) not in the DLQ "+q+`.dlq (RabbitMQ queue "`+q+`.dlq"): 999`)
 
 	code, out, errOut = run(t, append([]string{"dlq", "replay", "--id", "998", "--dry-run"}, rabbitArgs(q)...)...)
 	require.Equal(t, 1, code, "stdout %q", out)
@@ -154,7 +157,7 @@ func TestDLQDeclaresNothingRabbitMQ(t *testing.T) {
 
 	code, _, errOut = run(t, append([]string{"dlq", "purge", "--id", "m2,997", "--yes"}, rabbitArgs(q)...)...)
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "ferry: dlq purge: 1 of 2 requested ID(s) not in the DLQ "+q+".dlq: 997")
+	require.Contains(t, errOut, "ferry: dlq purge: 1 of 2 requested ID(s) not in the DLQ "+q+`.dlq (RabbitMQ queue "`+q+`.dlq"): 997`)
 
 	code, out, errOut = run(t, append([]string{"dlq", "list", "--format", "json"}, rabbitArgs(q)...)...)
 	require.Equal(t, 0, code, "stderr: %s", errOut)
@@ -185,7 +188,7 @@ func TestDLQListSaysTotalAndAppID(t *testing.T) {
 	require.Contains(t, out, "APP ID")
 	require.Contains(t, out, "app-m1")
 	require.NotContains(t, out, "app-m3", "cut at 2")
-	require.Contains(t, out, "showing the oldest 2 of 5 dead message(s) in the DLQ "+q+".dlq; --limit 0 lists all")
+	require.Contains(t, out, "showing the oldest 2 of 5 dead message(s) in the DLQ "+q+`.dlq (RabbitMQ queue "`+q+`.dlq"); --limit 0 lists all`)
 
 	code, out, errOut = run(t, append([]string{"dlq", "list"}, rabbitArgs(q)...)...)
 	require.Equal(t, 0, code, "stderr: %s", errOut)
@@ -268,4 +271,46 @@ func TestDLQNATSExchange(t *testing.T) {
 	code, out, errOut = run(t, append([]string{"dlq", "replay", "--all"}, natsArgs(q)...)...)
 	require.Equal(t, 0, code, "stderr: %s", errOut)
 	require.Contains(t, out, "replayed 1 message(s)")
+}
+
+// TestDLQCommandsNameTheSQSQueue: on SQS, dlq list, replay and purge name
+// the real SQS queue of the DLQ (the name the AWS console and ElasticMQ
+// show), not only ferry's logical "<queue>.dlq", with and without
+// --exchange.
+func TestDLQCommandsNameTheSQSQueue(t *testing.T) {
+	testenv.RequireTCP(t, "sqs", testenv.HostPort(testenv.SQSEndpoint()))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ex, q := testenv.UniqueName("cli-sqs.ex"), testenv.UniqueName("cli-sqs.work")
+	tp := broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: q, Bindings: []string{"notification.requested"}}}}
+	b, err := sqs.New(ctx, sqs.Config{Endpoint: testenv.SQSEndpoint(), Region: testenv.AWSRegion()})
+	require.NoError(t, err)
+	defer b.Close()
+	t.Cleanup(func() {
+		for _, n := range []string{sqs.QueueName(ex, q, false), sqs.QueueName(ex, q+".dlq", false)} {
+			if u, err := b.Client().GetQueueUrl(context.Background(), &awssqs.GetQueueUrlInput{QueueName: aws.String(n)}); err == nil {
+				_, _ = b.Client().DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: u.QueueUrl})
+			}
+		}
+	})
+	deadLetters(t, b, tp, "s1", "s2")
+	real := `SQS queue "` + sqs.QueueName(ex, q+".dlq", false) + `"`
+	args := func(more ...string) []string {
+		return append([]string{"--broker", "sqs", "--sqs-endpoint", testenv.SQSEndpoint(), "--aws-region", testenv.AWSRegion(), "--queue", q}, more...)
+	}
+
+	code, out, errOut := run(t, append([]string{"dlq", "list"}, args()...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, "2 dead message(s) in the DLQ "+q+".dlq ("+real+")")
+	code, out, errOut = run(t, append([]string{"dlq", "list"}, args("--exchange", ex)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, "("+real+")")
+
+	code, out, errOut = run(t, append([]string{"dlq", "replay", "--id", "s1", "--dry-run"}, args()...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, "would replay 1 message(s) from the DLQ "+q+".dlq ("+real+")")
+	code, out, errOut = run(t, append([]string{"dlq", "purge", "--id", "s2,absent", "--yes"}, args()...)...)
+	require.Equal(t, 1, code, "one ID is not in the DLQ")
+	require.Contains(t, out, "purged 1 message(s) from the DLQ "+q+".dlq ("+real+"): s2")
+	require.Contains(t, errOut, "1 of 2 requested ID(s) not in the DLQ "+q+".dlq ("+real+"): absent")
 }

@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -30,6 +31,9 @@ type delivery struct {
 
 	mu    sync.Mutex
 	state int
+	// slotFree and keyFree are set once the delivery gave back its
+	// prefetch slot and (Ordered) its Key's hold; see done.
+	slotFree, keyFree bool
 }
 
 func (s *subscription) newDelivery(url string, sm types.Message) *delivery {
@@ -59,17 +63,39 @@ func (d *delivery) begin() error {
 	return nil
 }
 
+// done ends a settle with its result. A settled delivery gives back its
+// prefetch slot and its Key's hold. A failed settle leaves the delivery
+// open (the caller may settle it again) but gives back its prefetch slot
+// at once: the message returns to SQS's control (it comes back when its
+// visibility timeout ends), and a subscription whose settles fail (the
+// worker does not retry a failed Ack) must not run out of slots and stop
+// receiving. With Ordered, the Key stays held after a failed settle, so a
+// later message of the Key is not handed out before this one is settled
+// or comes back, unless the error says the message is gone for good (its
+// queue deleted, its receipt handle invalid): then the hold is given back
+// too.
 func (d *delivery) done(err error) error {
 	d.mu.Lock()
-	if err != nil {
+	if err == nil {
+		d.state = stateSettled
+	} else {
 		d.state = stateOpen
-		d.mu.Unlock()
-		return err
 	}
-	d.state = stateSettled
+	freeSlot := !d.slotFree
+	freeKey := !d.keyFree && (err == nil || messageGone(err))
+	d.slotFree = true
+	d.keyFree = d.keyFree || freeKey
 	d.mu.Unlock()
-	d.s.settled(d)
-	return nil
+	d.s.release(d, freeSlot, freeKey)
+	return err
+}
+
+// messageGone reports whether a settle's error says the message can no
+// longer be settled by anyone holding this receipt: its queue does not
+// exist (deleted under the process), or SQS refuses the receipt handle.
+func messageGone(err error) bool {
+	var rhi *types.ReceiptHandleIsInvalid
+	return notExist(err) || errors.As(err, &rhi) || apiCode(err) == "ReceiptHandleIsInvalid"
 }
 
 // Ack deletes the message: DeleteMessageBatch shared with the Acks of the

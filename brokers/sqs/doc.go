@@ -84,10 +84,21 @@
 // 1 s): SQS would still hand such a poll a released message, counting a
 // receive (an attempt) that no consumer sees.
 //
+// A settle that fails (network error, deleted queue) leaves the delivery
+// open, so it may be settled again, but gives back its prefetch slot at
+// once: the message comes back when its visibility timeout ends, and a
+// subscription whose settles fail keeps receiving. With Ordered the Key
+// stays held until the message is settled, unless the error says it is
+// gone (queue deleted, receipt handle invalid).
+//
 // A queue deleted under a running process (AWS.SimpleQueueService.
 // NonExistentQueue) is declared again by the next publish, receive or DLQ
-// send, and the call repeated once. AWS refuses to create a queue under the
-// name of one deleted less than 60 s before; ElasticMQ does not.
+// send, and the call repeated once; the conformance suite's
+// TopologyDeleted checks it. A receive the server has not answered 2 s
+// after its WaitTimeSeconds is abandoned and sent again: ElasticMQ never
+// answers a long poll whose queue is deleted under it. AWS refuses to
+// create a queue under the name of one deleted less than 60 s before (the
+// process retries until it may); ElasticMQ does not.
 //
 // # DLQ
 //

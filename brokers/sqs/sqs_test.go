@@ -2,6 +2,7 @@ package sqs_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -63,6 +64,31 @@ func deleteTopology(ctx context.Context, tb testing.TB, t broker.Topology, fifo 
 	}
 }
 
+// removeTopology deletes the SQS queues of t (work queues and DLQs) at
+// once, as an operator's mistake would, failing when one cannot be deleted.
+func removeTopology(ctx context.Context, tb *testing.T, t broker.Topology) error {
+	b, err := sqs.New(ctx, config())
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	for _, q := range t.Queues {
+		// The DLQ first: a process that finds the work queue gone declares
+		// both again, and must not find the old DLQ still there and then
+		// see it deleted.
+		for _, n := range []string{sqs.QueueName(t.Exchange, broker.DLQName(q.Name), false), sqs.QueueName(t.Exchange, q.Name, false)} {
+			u, err := b.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(n)})
+			if err != nil {
+				return fmt.Errorf("remove topology: find %s: %w", n, err)
+			}
+			if _, err := b.Client().DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: u.QueueUrl}); err != nil {
+				return fmt.Errorf("remove topology: delete %s: %w", n, err)
+			}
+		}
+	}
+	return nil
+}
+
 // cleaningBroker deletes the topologies declared through it when the test
 // ends.
 type cleaningBroker struct {
@@ -111,6 +137,7 @@ func TestConformance(t *testing.T) {
 		DeleteTopology: func(ctx context.Context, t *testing.T, topo broker.Topology) {
 			deleteTopology(ctx, t, topo, false)
 		},
+		RemoveTopology: removeTopology,
 	})
 }
 
@@ -143,4 +170,43 @@ func TestDLQWhereNamesTheSQSQueue(t *testing.T) {
 	defer tool.Close()
 	_, err = tool.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(real)})
 	require.NoError(t, err, "the queue Where names exists on the server")
+}
+
+// TestFailedSettleFreesPrefetchSlot: a settle that fails (here Retry with
+// a cancelled context; in production a network error or a deleted queue)
+// gives back its prefetch slot, so a subscription whose settles fail
+// keeps receiving instead of stopping once Prefetch settles have failed
+// (the worker does not retry a failed settle).
+func TestFailedSettleFreesPrefetchSlot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ex, q := testenv.UniqueName("slot.ex"), testenv.UniqueName("slot.q")
+	tp := broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: q, Bindings: []string{"evt.slot"}}}}
+	b := newBroker(t)
+	require.NoError(t, b.Declare(ctx, tp))
+	sub, err := b.Subscribe(ctx, q, broker.SubscribeOptions{Prefetch: 2, AckDeadline: 30 * time.Second})
+	require.NoError(t, err)
+	defer sub.Close()
+	for i := range 4 {
+		require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: fmt.Sprint("s", i), Type: "evt.slot", Body: []byte(`{}`)}}))
+	}
+	dead, stop := context.WithCancel(ctx)
+	stop()
+	seen := map[string]bool{}
+	for range 2 {
+		d, err := sub.Receive(ctx)
+		require.NoError(t, err)
+		seen[d.Message().ID] = true
+		require.Error(t, d.Retry(dead, time.Second, "settle fails"), "Retry with a cancelled context fails")
+	}
+	for range 2 {
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		d, err := sub.Receive(rctx)
+		rcancel()
+		require.NoError(t, err, "the subscription keeps receiving after 2 (= Prefetch) failed settles")
+		require.False(t, seen[d.Message().ID], "a message whose visibility (30 s) has not ended")
+		seen[d.Message().ID] = true
+		require.NoError(t, d.Ack(ctx))
+	}
+	require.Len(t, seen, 4)
 }

@@ -137,14 +137,23 @@ func (s *subscription) Receive(ctx context.Context) (broker.Delivery, error) {
 	}
 }
 
-// settled is called once d is settled (or given back).
-func (s *subscription) settled(d *delivery) {
-	s.b.mu.Lock()
-	delete(s.b.open, d)
-	s.b.mu.Unlock()
+// release gives back d's prefetch slot (slot) and, with key, its Key's
+// hold (Ordered) and its place among the deliveries Close makes visible
+// again; each at most once per delivery (delivery.done keeps count).
+func (s *subscription) release(d *delivery, slot, key bool) {
+	if !slot && !key {
+		return
+	}
+	if key {
+		s.b.mu.Lock()
+		delete(s.b.open, d)
+		s.b.mu.Unlock()
+	}
 	s.mu.Lock()
-	s.inflight--
-	if s.opts.Ordered && d.msg.Key != "" {
+	if slot {
+		s.inflight--
+	}
+	if key && s.opts.Ordered && d.msg.Key != "" {
 		if s.held[d.msg.Key]--; s.held[d.msg.Key] <= 0 {
 			delete(s.held, d.msg.Key)
 		}
@@ -189,7 +198,8 @@ func (s *subscription) poll() {
 		s.mu.Unlock()
 
 		url, _ := s.qi.urls()
-		out, err := s.b.client.ReceiveMessage(s.ctx, &sqs.ReceiveMessageInput{
+		rctx, rcancel := context.WithTimeout(s.ctx, time.Duration(wait)*time.Second+pollAnswer)
+		out, err := s.b.client.ReceiveMessage(rctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(url),
 			MaxNumberOfMessages:         int32(n),
 			WaitTimeSeconds:             wait,
@@ -197,6 +207,8 @@ func (s *subscription) poll() {
 			MessageAttributeNames:       attrNames,
 			MessageSystemAttributeNames: sysAttrNames,
 		})
+		unanswered := err != nil && rctx.Err() != nil && s.ctx.Err() == nil
+		rcancel()
 		var got []*delivery
 		if err == nil {
 			for _, m := range out.Messages {
@@ -229,6 +241,14 @@ func (s *subscription) poll() {
 		if s.ctx.Err() != nil {
 			return
 		}
+		if unanswered {
+			// Most likely the queue was deleted under the poll: poll again
+			// at once; a deleted queue answers that one with
+			// QueueDoesNotExist, and a re-created one with messages.
+			s.logErr("sqs: receive not answered within its wait; polling again", err)
+			backoff = 100 * time.Millisecond
+			continue
+		}
 		if notExist(err) {
 			rctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 			if rerr := s.b.redeclare(rctx, s.qi); rerr != nil {
@@ -253,6 +273,16 @@ func (s *subscription) poll() {
 // may still hand it messages after the client has gone) so hides them for
 // 5 s, not for the whole AckDeadline.
 const pollVisibility = 5
+
+// pollAnswer is how long after its WaitTimeSeconds a ReceiveMessage the
+// server has not answered is abandoned. SQS answers a long poll when its
+// wait ends; ElasticMQ (seen with 1.6.11) never answers a long poll whose
+// queue is deleted meanwhile, so without this the subscription would hang
+// until the HTTP client's timeout (Config.WaitTime + 15 s) before it
+// notices the deletion and declares the queue again. A message the server
+// may still hand to an abandoned poll stays hidden for that poll's
+// visibility timeout and then comes back.
+const pollAnswer = 2 * time.Second
 
 // pollSlack is added to a long poll's WaitTimeSeconds for the time it
 // may take to reach the server and for the server's own rounding.

@@ -130,7 +130,11 @@ func newBroker(tb testing.TB) broker.Broker { return newBrokerCfg(tb, config()) 
 func TestConformance(t *testing.T) {
 	brokertest.RunConformance(t, brokertest.Harness{
 		New: func(ctx context.Context, t *testing.T) (broker.Broker, error) {
-			return connect(ctx, t)
+			// A 1 s long poll: a poll ElasticMQ leaves unanswered because
+			// TopologyDeleted deleted its queue is abandoned after 3 s.
+			cfg := config()
+			cfg.WaitTime = time.Second
+			return connectCfg(ctx, t, cfg)
 		},
 		StopServer:  func(t *testing.T) { testenv.Services(t, "stop", "sqs") },
 		StartServer: func(t *testing.T) { testenv.Services(t, "start", "sqs") },

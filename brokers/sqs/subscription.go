@@ -198,7 +198,11 @@ func (s *subscription) poll() {
 		s.mu.Unlock()
 
 		url, _ := s.qi.urls()
-		rctx, rcancel := context.WithTimeout(s.ctx, time.Duration(wait)*time.Second+pollAnswer)
+		answer := time.Duration(wait)*time.Second + pollAnswer
+		if wait == 0 {
+			answer = busyAnswer
+		}
+		rctx, rcancel := context.WithTimeout(s.ctx, answer)
 		out, err := s.b.client.ReceiveMessage(rctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(url),
 			MaxNumberOfMessages:         int32(n),
@@ -283,6 +287,12 @@ const pollVisibility = 5
 // may still hand to an abandoned poll stays hidden for that poll's
 // visibility timeout and then comes back.
 const pollAnswer = 2 * time.Second
+
+// busyAnswer bounds a receive that does not wait (WaitTimeSeconds 0, the
+// queue is busy): generous, because the messages of an abandoned receive
+// stay hidden for the whole AckDeadline and their receive counts as an
+// attempt. A deleted queue answers such a receive at once.
+const busyAnswer = 10 * time.Second
 
 // pollSlack is added to a long poll's WaitTimeSeconds for the time it
 // may take to reach the server and for the server's own rounding.

@@ -19,7 +19,7 @@
 // (ErrUnroutable, ErrMessageTooLarge, and every refusal of a message's
 // names, lengths or characters a message fault, broker.IsMessageFault),
 // per-key order of SubscribeOptions.Ordered, context deadlines, prefetch, retry to
-// the failing queue only, the DLQ (List, Replay, Purge, also from a broker
+// the failing queue only, the DLQ (List, Replay, Purge, Where, also from a broker
 // that did not declare the queue, and ErrUnknownQueue without creating
 // anything for a queue that exists nowhere), settlement rules,
 // redelivery of unsettled messages, Close, recovery from a server outage,

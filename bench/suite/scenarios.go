@@ -71,6 +71,9 @@ func (r *runner) raw(ctx context.Context, t Target) ([]Result, error) {
 	}
 	out := Result{Messages: n, Seconds: (pub + con).Seconds(),
 		Note: fmt.Sprintf("%d publishers at once, batches of %d with every confirm awaited; %s", relayConcurrency, relayBatch, ack)}
+	if s, ok := rc.(interface{ startup() time.Duration }); ok {
+		out.Note += fmt.Sprintf("; consume timed from the first record, after %.1f s of group join", s.startup().Seconds())
+	}
 	pubRate := rate(n, pub)
 	r.rawPublish[t.Name] = pubRate
 	out.add("publish", pubRate, "msgs/s")
@@ -640,7 +643,7 @@ func (r *runner) replay(ctx context.Context, t Target) ([]Result, error) {
 	d, err := rc.replay(ctx, n)
 	if errors.Is(err, errNoReplay) {
 		return []Result{{Status: statusUnsupported, Messages: n,
-			Note: fmt.Sprintf("acked messages are gone from the queue; ferry's adapter declares Capabilities.Replay=%v", caps.Replay)}}, nil
+			Note: fmt.Sprintf("%s; ferry's adapter declares Capabilities.Replay=%v", strings.TrimPrefix(err.Error(), errNoReplay.Error()+": "), caps.Replay)}}, nil
 	}
 	if err != nil {
 		return nil, err

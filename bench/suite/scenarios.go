@@ -72,7 +72,7 @@ func (r *runner) raw(ctx context.Context, t Target) ([]Result, error) {
 	out := Result{Messages: n, Seconds: (pub + con).Seconds(),
 		Note: fmt.Sprintf("%d publishers at once, batches of %d with every confirm awaited; %s", relayConcurrency, relayBatch, ack)}
 	if s, ok := rc.(interface{ startup() time.Duration }); ok {
-		out.Note += fmt.Sprintf("; consume timed from the first record, after %.1f s of group join", s.startup().Seconds())
+		out.Note += fmt.Sprintf("; consume timed from the first record, after %s of group join", FormatSeconds(s.startup().Seconds()))
 	}
 	pubRate := rate(n, pub)
 	r.rawPublish[t.Name] = pubRate

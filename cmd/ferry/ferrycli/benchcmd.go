@@ -301,7 +301,7 @@ func runBench(c *cli.Context) error {
 			failed++
 		}
 	}
-	fmt.Fprintf(out, "ferry bench: done in %.0f s; wrote results.json, results.md and the charts to %s\n", res.Seconds, c.String(flagOut))
+	fmt.Fprintf(out, "ferry bench: done in %s; wrote results.json, results.md and the charts to %s\n", suite.FormatSeconds(res.Seconds), c.String(flagOut))
 	if failed > 0 {
 		return fmt.Errorf("ferry bench: %d scenario run(s) failed; see %s/results.md", failed, c.String(flagOut))
 	}

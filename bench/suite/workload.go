@@ -122,10 +122,17 @@ func newDatabase(ctx context.Context, serverURL string) (*database, error) {
 	return db, nil
 }
 
-// pool opens a pool of maxConns connections on the database, all opened
-// at once so the measurement does not include connection set-up.
+// pool opens a pool of maxConns connections on the database; see OpenPool.
 func (d *database) pool(ctx context.Context, maxConns int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(d.url)
+	return OpenPool(ctx, d.url, maxConns)
+}
+
+// OpenPool opens a pool of exactly maxConns connections on the database
+// at dsn, all opened at once so a measurement does not include connection
+// set-up. The caller closes it. ferry bench and the Watermill module's
+// benchmarks share it.
+func OpenPool(ctx context.Context, dsn string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("bench: database URL: %w", err)
 	}
@@ -181,12 +188,9 @@ func produce(ctx context.Context, pool *pgxpool.Pool, size int) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
-		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
-		RETURNING id`, "user-bench").Scan(&id); err != nil {
-		return 0, fmt.Errorf("bench: insert notification: %w", err)
+	id, err := InsertNotification(ctx, tx)
+	if err != nil {
+		return 0, err
 	}
 	ev := outbox.Event{Type: EventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: EventBody(id, size),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
@@ -198,6 +202,21 @@ func produce(ctx context.Context, pool *pgxpool.Pool, size int) (int64, error) {
 		return 0, fmt.Errorf("bench: commit: %w", err)
 	}
 	return ids[0], nil
+}
+
+// InsertNotification inserts the benchmark's business row in tx: a
+// pending e-mail notification of the sample app's table notifications
+// (app.Migrate), and returns its id. ferry bench, the Go benchmarks and
+// the Watermill module's producers commit it with their event.
+func InsertNotification(ctx context.Context, tx pgx.Tx) (int64, error) {
+	var id int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
+		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
+		RETURNING id`, "user-bench").Scan(&id); err != nil {
+		return 0, fmt.Errorf("bench: insert notification: %w", err)
+	}
+	return id, nil
 }
 
 // produceAll commits n events of size-byte bodies through ferry's outbox

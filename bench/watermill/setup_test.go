@@ -149,24 +149,13 @@ func newDatabase(b *testing.B) database {
 	return database{pool: pool, dsn: dsn}
 }
 
+// newPool opens a pool of maxConns connections on the database, all
+// opened now (suite.OpenPool), closed when the benchmark ends.
 func (d database) newPool(b *testing.B, maxConns int) *pgxpool.Pool {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(d.dsn)
-	must(b, err)
-	cfg.MaxConns = int32(maxConns)
-	cfg.MinConns = int32(maxConns)
-	pool, err := pgxpool.NewWithConfig(benchCtx(b), cfg)
+	pool, err := suite.OpenPool(benchCtx(b), d.dsn, maxConns)
 	must(b, err)
 	b.Cleanup(pool.Close)
-	conns := make([]*pgxpool.Conn, 0, maxConns)
-	for range maxConns {
-		c, err := pool.Acquire(benchCtx(b))
-		must(b, err)
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
 	return pool
 }
 
@@ -220,12 +209,9 @@ func produce(ctx context.Context, pool *pgxpool.Pool, topic string) (int64, erro
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
-		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
-		RETURNING id`, "user-bench").Scan(&id); err != nil {
-		return 0, fmt.Errorf("insert notification: %w", err)
+	id, err := suite.InsertNotification(ctx, tx)
+	if err != nil {
+		return 0, err
 	}
 	sqlPub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, logger)
 	if err != nil {

@@ -167,7 +167,9 @@ func (r *sqsRawClient) publish(ctx context.Context, n, size int) (time.Duration,
 // consume receives n messages with sqsPollers ReceiveMessage loops (10 a
 // call, long-polling 1 s) and deletes each call's messages with one
 // DeleteMessageBatch (SQS's ack) before the loop's next call. A message
-// received again (its visibility timeout ran out) counts once.
+// received again (its visibility timeout ran out) counts once. Once n
+// arrived, the other loops finish their call in flight (cancelling it
+// would leave the SDK an unread response).
 func (r *sqsRawClient) consume(ctx context.Context, n int) (time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -177,6 +179,8 @@ func (r *sqsRawClient) consume(ctx context.Context, n int) (time.Duration, error
 		wg      sync.WaitGroup
 		errOnce sync.Once
 		failure error
+		enough  atomic.Bool
+		doneAt  time.Time // when the n-th arrived, under mu
 	)
 	fail := func(err error) {
 		errOnce.Do(func() { failure = err })
@@ -185,7 +189,7 @@ func (r *sqsRawClient) consume(ctx context.Context, n int) (time.Duration, error
 	start := time.Now()
 	for range sqsPollers {
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			for ctx.Err() == nil && !enough.Load() {
 				out, err := r.c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(r.url),
 					MaxNumberOfMessages: sqsBatchEntries, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
 				if err != nil {
@@ -216,12 +220,11 @@ func (r *sqsRawClient) consume(ctx context.Context, n int) (time.Duration, error
 				for _, m := range out.Messages {
 					seen[aws.ToString(m.MessageId)] = struct{}{}
 				}
-				done := len(seen) >= n
-				mu.Unlock()
-				if done {
-					cancel()
-					return
+				if len(seen) >= n && !enough.Load() {
+					doneAt = time.Now()
+					enough.Store(true)
 				}
+				mu.Unlock()
 			}
 		})
 	}
@@ -235,7 +238,7 @@ func (r *sqsRawClient) consume(ctx context.Context, n int) (time.Duration, error
 	if got < n {
 		return 0, fmt.Errorf("bench: raw sqs: received %d of %d messages: %w", got, n, context.Cause(ctx))
 	}
-	return time.Since(start), nil
+	return doneAt.Sub(start), nil
 }
 
 // replay: SQS deletes a message when it is acked (DeleteMessage), so

@@ -65,9 +65,13 @@ func (r *runner) raw(ctx context.Context, t Target) ([]Result, error) {
 	}
 	b.finish(int64(n))
 	ack := "one consumer acking each"
-	if t.Name == "kafka" {
+	switch t.Name {
+	case "kafka":
 		// Kafka's ack is an offset commit, which covers every record below it.
 		ack = fmt.Sprintf("one consumer group member committing its offset every %d records (Kafka's ack); one partition", relayBatch)
+	case "sqs":
+		ack = fmt.Sprintf("%d ReceiveMessage loops of %d, each call's messages deleted with one DeleteMessageBatch (SQS's ack); SendMessageBatch calls of %d, %d in flight",
+			sqsPollers, sqsBatchEntries, sqsBatchEntries, sqsSendConcurrency)
 	}
 	out := Result{Messages: n, Seconds: (pub + con).Seconds(),
 		Note: fmt.Sprintf("%d publishers at once, batches of %d with every confirm awaited; %s", relayConcurrency, relayBatch, ack)}

@@ -325,45 +325,7 @@ func latency(b *testing.B, kind string, rate int) {
 // after its commit returned. It returns the time from the first tick to
 // the last commit.
 func paced(ctx context.Context, pool *pgxpool.Pool, n, rate, producers int, onCommit func(id int64)) (time.Duration, error) {
-	jobs := make(chan struct{}, n)
-	go func() {
-		t := time.NewTicker(time.Second / time.Duration(rate))
-		defer t.Stop()
-		defer close(jobs)
-		for range n {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				jobs <- struct{}{}
-			}
-		}
-	}()
-	var (
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		first   error
-	)
-	start := time.Now()
-	for range producers {
-		wg.Go(func() {
-			for range jobs {
-				id, err := produce(ctx, pool)
-				if err != nil {
-					errOnce.Do(func() { first = err })
-					continue
-				}
-				if onCommit != nil {
-					onCommit(id)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if first == nil {
-		first = ctx.Err()
-	}
-	return time.Since(start), first
+	return suite.Produce(ctx, n, producers, rate, func(ctx context.Context) (int64, error) { return produce(ctx, pool) }, onCommit)
 }
 
 // BenchmarkCreate is context for BenchmarkEndToEnd: the rate at which

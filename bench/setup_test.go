@@ -176,24 +176,9 @@ func newDatabase(b *testing.B) database {
 // closed when the benchmark ends.
 func (d database) newPool(b *testing.B, maxConns int) *pgxpool.Pool {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(d.dsn)
-	must(b, err)
-	cfg.MaxConns = int32(maxConns)
-	cfg.MinConns = int32(maxConns)
-	pool, err := pgxpool.NewWithConfig(benchCtx(b), cfg)
+	pool, err := suite.OpenPool(benchCtx(b), d.dsn, maxConns)
 	must(b, err)
 	b.Cleanup(pool.Close)
-	// Open every connection now, so the measurement does not include
-	// connection set-up.
-	conns := make([]*pgxpool.Conn, 0, maxConns)
-	for range maxConns {
-		c, err := pool.Acquire(benchCtx(b))
-		must(b, err)
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
 	return pool
 }
 
@@ -332,12 +317,9 @@ func produce(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
-		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
-		RETURNING id`, "user-bench").Scan(&id); err != nil {
-		return 0, fmt.Errorf("insert notification: %w", err)
+	id, err := suite.InsertNotification(ctx, tx)
+	if err != nil {
+		return 0, err
 	}
 	ev := outbox.Event{Type: eventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: suite.EventBody(id, bodyBytes),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
@@ -363,25 +345,7 @@ func produceBurst(ctx context.Context, pool *pgxpool.Pool, producers, n int) (ti
 // burst runs one n times from the given number of goroutines and returns
 // the elapsed time and the first error.
 func burst(ctx context.Context, producers, n int, one func() error) (time.Duration, error) {
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		first   error
-	)
-	start := time.Now()
-	for range producers {
-		wg.Go(func() {
-			for next.Add(1) <= int64(n) && ctx.Err() == nil {
-				if err := one(); err != nil {
-					errOnce.Do(func() { first = err })
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return time.Since(start), first
+	return suite.Produce(ctx, n, producers, 0, func(context.Context) (int64, error) { return 0, one() }, nil)
 }
 
 // produceWithoutNotify writes what produce writes, with the outbox row
@@ -393,12 +357,9 @@ func produceWithoutNotify(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
-		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
-		RETURNING id`, "user-bench").Scan(&id); err != nil {
-		return fmt.Errorf("insert notification: %w", err)
+	id, err := suite.InsertNotification(ctx, tx)
+	if err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, `
 		INSERT INTO outbox (event_type, partition_key, payload, headers)

@@ -15,6 +15,7 @@ var barFigure = map[string]string{
 	ScenarioRaw:      "publish",
 	ScenarioEndToEnd: "throughput",
 	ScenarioOrdering: "violations",
+	ScenarioRouting:  "delivered",
 	ScenarioRetry:    "median error",
 	ScenarioReplay:   "replay",
 	ScenarioPeer:     "p99",

@@ -12,9 +12,8 @@ import (
 )
 
 // meter measures what end-to-end cost: runcost's full measurement (CPU,
-// WAL bytes, commits) where it works, else the CPU alone from /proc. The
-// fallback exists because runcost reads pg_stat_wal.wal_sync, which
-// PostgreSQL 18 (the embedded server) no longer has.
+// WAL bytes, commits) where it works, else the CPU alone from /proc (a
+// server whose statistics views runcost cannot read; its note says why).
 type meter struct {
 	full  *runcost.Meter
 	procs []runcost.Process

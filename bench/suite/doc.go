@@ -7,12 +7,14 @@
 // command from ferrycli.Brokers), so a broker added to the command is
 // benchmarked without a change here; this package imports no adapter. The
 // raw baselines use each broker's own client (amqp091-go, nats.go
-// jetstream, kafka-go) on a topic of their own; a broker without a raw client gets
-// "not supported" for raw and replay.
+// jetstream, kafka-go, aws-sdk-go-v2/service/sqs) on a topic or queue of
+// their own; a broker without a raw client gets "not supported" for raw
+// and replay.
 //
 // Scenarios (see bench/README.md): raw, pipeline, end-to-end, latency,
-// faults, ordering, retry and replay are measured; peer (the Watermill
-// module) is not built yet and is reported as "not built". The faults
+// faults, ordering, routing (exact, '*' and '#' bindings: what each
+// queue received against what the patterns say), retry, replay and peer
+// (the Watermill module, bench/watermill, run with the go command). The faults
 // scenario runs the relay and the worker as child processes
 // (Config.Spawn, `ferry bench-child`, see RunChild) so it can kill them
 // with SIGKILL, and restarts the broker through Config.RestartBroker.

@@ -397,13 +397,20 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	}
 	for _, f := range faults {
 		if f.err != nil {
-			note += fmt.Sprintf("%s at %.1fs failed: %v; ", f.name, f.at.Seconds(), f.err)
+			note += fmt.Sprintf("%s at %s failed: %v; ", f.name, FormatSeconds(f.at.Seconds()), f.err)
 			continue
 		}
 		rec := recovery(series, lags, f.at.Seconds(), float64(slack))
 		name := f.name + " recovery"
 		out.add(name, rec, "s")
-		note += fmt.Sprintf("%s at %.1fs (took %.1fs); ", f.name, f.at.Seconds(), (f.ended - f.at).Seconds())
+		note += fmt.Sprintf("%s at %s (took %s", f.name, FormatSeconds(f.at.Seconds()), FormatSeconds((f.ended - f.at).Seconds()))
+		switch rec {
+		case 0:
+			note += fmt.Sprintf("; the lag never grew past the median plus %d events, recovery 0", slack)
+		case -1:
+			note += "; the lag never came back, recovery -1"
+		}
+		note += "); "
 	}
 	out.Note = note[:len(note)-2]
 	if err != nil {

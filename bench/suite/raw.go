@@ -41,7 +41,8 @@ type rawClient interface {
 	// consume receives and acks n messages and returns the time it took.
 	consume(ctx context.Context, n int) (time.Duration, error)
 	// replay reads the n consumed messages again from the start; it
-	// returns errNoReplay where the broker cannot.
+	// returns an error wrapping errNoReplay, saying why, where the broker
+	// cannot.
 	replay(ctx context.Context, n int) (time.Duration, error)
 	// version is the server's version.
 	version() string
@@ -57,6 +58,8 @@ func newRawClient(ctx context.Context, kind, url string) (rawClient, error) {
 		return newNATSRawClient(ctx, url)
 	case "kafka":
 		return newKafkaRawClient(ctx, url)
+	case "sqs":
+		return newSQSRawClient(ctx, url)
 	}
 	return nil, errNoRaw
 }
@@ -286,7 +289,7 @@ func (r *rabbitRawClient) consume(ctx context.Context, n int) (time.Duration, er
 
 // replay: a classic queue forgets an acked message.
 func (r *rabbitRawClient) replay(context.Context, int) (time.Duration, error) {
-	return 0, errNoReplay
+	return 0, fmt.Errorf("%w: a classic queue removes a message when its consumer acks it and has no log to re-read", errNoReplay)
 }
 
 func (r *rabbitRawClient) version() string {

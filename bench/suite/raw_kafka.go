@@ -24,6 +24,9 @@ type kafkaRawClient struct {
 	topic string
 	group string
 	w     *kafkago.Writer
+	// join is the time the last read waited for its first record: the
+	// consumer group's join, or the reader's connect.
+	join time.Duration
 }
 
 func newKafkaRawClient(ctx context.Context, url string) (*kafkaRawClient, error) {
@@ -96,12 +99,19 @@ func (r *kafkaRawClient) publish(ctx context.Context, n, size int) (time.Duratio
 
 // read takes n records from rd; when commit, it commits the offset of
 // every relayBatch-th record and of the last (the group's ack).
+// The time runs from the first record, so a consumer group's join (a
+// one-off of a few seconds, kept in r.join) is not part of the rate.
 func (r *kafkaRawClient) read(ctx context.Context, rd *kafkago.Reader, n int, commit bool) (time.Duration, error) {
-	start := time.Now()
+	called := time.Now()
+	var start time.Time
 	for got := 1; got <= n; got++ {
 		m, err := rd.FetchMessage(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("bench: raw kafka fetch: %w", err)
+		}
+		if got == 1 {
+			start = time.Now()
+			r.join = start.Sub(called)
 		}
 		if commit && (got%relayBatch == 0 || got == n) {
 			if err := rd.CommitMessages(ctx, m); err != nil {
@@ -130,6 +140,10 @@ func (r *kafkaRawClient) replay(ctx context.Context, n int) (time.Duration, erro
 	}
 	return r.read(ctx, rd, n, false)
 }
+
+// startup is the time the last consume or replay waited for its first
+// record, left out of its rate.
+func (r *kafkaRawClient) startup() time.Duration { return r.join }
 
 // version names the client: Kafka's protocol does not report the server's
 // release.

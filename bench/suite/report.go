@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -34,7 +35,9 @@ func write(dir string, res *Results) error {
 	return f.Close()
 }
 
-// formatValue prints a figure with the precision its size calls for.
+// formatValue prints a figure with the precision its size calls for:
+// whole numbers as they are, at least 3 significant digits below 100
+// (0.49 stays 0.490, 0.0039 is 0.00390), none from 100 on.
 func formatValue(v float64) string {
 	switch a := math.Abs(v); {
 	case v == math.Trunc(v) && a < 1e15:
@@ -43,8 +46,30 @@ func formatValue(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	case a >= 1:
 		return fmt.Sprintf("%.2f", v)
+	case a >= 0.001:
+		return strconv.FormatFloat(v, 'f', 2-int(math.Floor(math.Log10(a))), 64)
 	default:
-		return fmt.Sprintf("%.3f", v)
+		return strconv.FormatFloat(v, 'g', 3, 64)
+	}
+}
+
+// FormatSeconds prints a duration given in seconds with a unit and the
+// precision its size calls for: "490 ms" rather than "0 s", "3.5 ms",
+// "2.08 s", "15.7 s", "319 s". ferry bench's messages and notes use it.
+func FormatSeconds(sec float64) string {
+	switch a := math.Abs(sec); {
+	case sec == 0:
+		return "0 s"
+	case a < 0.01:
+		return fmt.Sprintf("%.1f ms", sec*1000)
+	case a < 1:
+		return fmt.Sprintf("%.0f ms", sec*1000)
+	case a < 10:
+		return fmt.Sprintf("%.2f s", sec)
+	case a < 100:
+		return fmt.Sprintf("%.1f s", sec)
+	default:
+		return fmt.Sprintf("%.0f s", sec)
 	}
 }
 
@@ -54,7 +79,7 @@ func formatValue(v float64) string {
 func WriteMarkdown(w io.Writer, res *Results, charts map[string]string) {
 	fmt.Fprintf(w, "# ferry bench results\n\n")
 	if res.Command != "" {
-		fmt.Fprintf(w, "Command: `%s`, started %s, took %.0f s.\n\n", res.Command, res.Started.Format("2006-01-02 15:04 UTC"), res.Seconds)
+		fmt.Fprintf(w, "Command: `%s`, started %s, took %s.\n\n", res.Command, res.Started.Format("2006-01-02 15:04 UTC"), FormatSeconds(res.Seconds))
 	}
 	h := res.Host
 	fmt.Fprintf(w, "Machine: %s, %d cores, %.1f GiB, %s, %s, load average %s at the start.\n\n", h.CPU, h.Cores, float64(h.MemoryBytes)/(1<<30), h.Kernel, h.Go, h.LoadAverage)

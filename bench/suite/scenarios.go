@@ -65,12 +65,19 @@ func (r *runner) raw(ctx context.Context, t Target) ([]Result, error) {
 	}
 	b.finish(int64(n))
 	ack := "one consumer acking each"
-	if t.Name == "kafka" {
+	switch t.Name {
+	case "kafka":
 		// Kafka's ack is an offset commit, which covers every record below it.
 		ack = fmt.Sprintf("one consumer group member committing its offset every %d records (Kafka's ack); one partition", relayBatch)
+	case "sqs":
+		ack = fmt.Sprintf("%d ReceiveMessage loops of %d, each call's messages deleted with one DeleteMessageBatch (SQS's ack); SendMessageBatch calls of %d, %d in flight",
+			sqsPollers, sqsBatchEntries, sqsBatchEntries, sqsSendConcurrency)
 	}
 	out := Result{Messages: n, Seconds: (pub + con).Seconds(),
 		Note: fmt.Sprintf("%d publishers at once, batches of %d with every confirm awaited; %s", relayConcurrency, relayBatch, ack)}
+	if s, ok := rc.(interface{ startup() time.Duration }); ok {
+		out.Note += fmt.Sprintf("; consume timed from the first record, after %s of group join", FormatSeconds(s.startup().Seconds()))
+	}
 	pubRate := rate(n, pub)
 	r.rawPublish[t.Name] = pubRate
 	out.add("publish", pubRate, "msgs/s")
@@ -640,7 +647,7 @@ func (r *runner) replay(ctx context.Context, t Target) ([]Result, error) {
 	d, err := rc.replay(ctx, n)
 	if errors.Is(err, errNoReplay) {
 		return []Result{{Status: statusUnsupported, Messages: n,
-			Note: fmt.Sprintf("acked messages are gone from the queue; ferry's adapter declares Capabilities.Replay=%v", caps.Replay)}}, nil
+			Note: fmt.Sprintf("%s; ferry's adapter declares Capabilities.Replay=%v", strings.TrimPrefix(err.Error(), errNoReplay.Error()+": "), caps.Replay)}}, nil
 	}
 	if err != nil {
 		return nil, err

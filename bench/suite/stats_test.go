@@ -119,6 +119,19 @@ func TestFormatValue(t *testing.T) {
 	require.Equal(t, "3", formatValue(3))
 	require.Equal(t, "2.58", formatValue(2.5812))
 	require.Equal(t, "0.131", formatValue(0.1312))
+	require.Equal(t, "0.490", formatValue(0.49))
+	require.Equal(t, "0.00389", formatValue(0.003892239646160032))
+	require.Equal(t, "-0.0500", formatValue(-0.05))
+	require.Equal(t, "4.2e-05", formatValue(0.000042))
+}
+
+// Durations keep their meaning at every size: 0.49 s is not "0 s".
+func TestFormatSeconds(t *testing.T) {
+	for sec, want := range map[float64]string{
+		0: "0 s", 0.0035: "3.5 ms", 0.04: "40 ms", 0.49: "490 ms", 2.0771: "2.08 s", 15.655: "15.7 s", 319.4: "319 s",
+	} {
+		require.Equal(t, want, FormatSeconds(sec), "%v s", sec)
+	}
 }
 
 func TestRecovery(t *testing.T) {

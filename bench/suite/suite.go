@@ -23,6 +23,7 @@ const (
 	ScenarioLatency   = "latency"
 	ScenarioFaults    = "faults"
 	ScenarioOrdering  = "ordering"
+	ScenarioRouting   = "routing"
 	ScenarioRetry     = "retry"
 	ScenarioReplay    = "replay"
 	ScenarioPeer      = "peer"
@@ -33,7 +34,7 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRetry, ScenarioReplay, ScenarioPeer}
+var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRouting, ScenarioRetry, ScenarioReplay, ScenarioPeer}
 
 // BuiltScenarios are the scenarios Run measures; the default of
 // Config.Scenarios.
@@ -328,6 +329,8 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		out, err = r.faults(ctx, t)
 	case ScenarioOrdering:
 		out, err = r.ordering(ctx, t)
+	case ScenarioRouting:
+		out, err = r.routing(ctx, t)
 	case ScenarioRetry:
 		out, err = r.retry(ctx, t)
 	case ScenarioReplay:

@@ -31,8 +31,11 @@ const EventType = app.EventNotificationRequested
 // sample app's notification.requested.
 const DefaultSize = 160
 
-// traceparent is carried by every event, as the sample app's API does.
-const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+// Traceparent is the W3C trace context every benchmark event carries, as
+// the sample app's API does.
+const Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+const traceparent = Traceparent
 
 // EventBody returns the JSON body of the benchmark event of notification
 // id, padded with x to size bytes (never shorter than the JSON without
@@ -119,10 +122,17 @@ func newDatabase(ctx context.Context, serverURL string) (*database, error) {
 	return db, nil
 }
 
-// pool opens a pool of maxConns connections on the database, all opened
-// at once so the measurement does not include connection set-up.
+// pool opens a pool of maxConns connections on the database; see OpenPool.
 func (d *database) pool(ctx context.Context, maxConns int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(d.url)
+	return OpenPool(ctx, d.url, maxConns)
+}
+
+// OpenPool opens a pool of exactly maxConns connections on the database
+// at dsn, all opened at once so a measurement does not include connection
+// set-up. The caller closes it. ferry bench and the Watermill module's
+// benchmarks share it.
+func OpenPool(ctx context.Context, dsn string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("bench: database URL: %w", err)
 	}
@@ -178,12 +188,9 @@ func produce(ctx context.Context, pool *pgxpool.Pool, size int) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
-		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
-		RETURNING id`, "user-bench").Scan(&id); err != nil {
-		return 0, fmt.Errorf("bench: insert notification: %w", err)
+	id, err := InsertNotification(ctx, tx)
+	if err != nil {
+		return 0, err
 	}
 	ev := outbox.Event{Type: EventType, Key: "user-" + strconv.FormatInt(id%100, 10), Body: EventBody(id, size),
 		Headers: map[string]string{broker.HeaderTraceparent: traceparent}}
@@ -197,12 +204,35 @@ func produce(ctx context.Context, pool *pgxpool.Pool, size int) (int64, error) {
 	return ids[0], nil
 }
 
-// produceAll commits n events from producers goroutines, one event per
-// transaction, at rate events/s in all (0: as fast as they can). onCommit,
-// when set, gets each event's outbox id just after its commit returned.
-// It returns the time from the start to the last commit and the first
-// error.
+// InsertNotification inserts the benchmark's business row in tx: a
+// pending e-mail notification of the sample app's table notifications
+// (app.Migrate), and returns its id. ferry bench, the Go benchmarks and
+// the Watermill module's producers commit it with their event.
+func InsertNotification(ctx context.Context, tx pgx.Tx) (int64, error) {
+	var id int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
+		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
+		RETURNING id`, "user-bench").Scan(&id); err != nil {
+		return 0, fmt.Errorf("bench: insert notification: %w", err)
+	}
+	return id, nil
+}
+
+// produceAll commits n events of size-byte bodies through ferry's outbox
+// on pool; see Produce.
 func produceAll(ctx context.Context, pool *pgxpool.Pool, n, producers, rate, size int, onCommit func(id int64)) (time.Duration, error) {
+	return Produce(ctx, n, producers, rate, func(ctx context.Context) (int64, error) { return produce(ctx, pool, size) }, onCommit)
+}
+
+// Produce runs one n times from producers goroutines, at rate calls/s in
+// all (a ticker; 0: as fast as they go): one is one producer's
+// transaction (a business row and its event) and returns the id it
+// committed. onCommit, when set, gets each id just after one returned. It
+// returns the time from the start to the last return and the first error
+// (a failed call is not repeated; the others go on). ferry bench and the
+// Watermill module's benchmarks share it.
+func Produce(ctx context.Context, n, producers, rate int, one func(ctx context.Context) (int64, error), onCommit func(id int64)) (time.Duration, error) {
 	jobs := make(chan struct{}, min(n, 1<<16))
 	go func() {
 		defer close(jobs)
@@ -236,7 +266,7 @@ func produceAll(ctx context.Context, pool *pgxpool.Pool, n, producers, rate, siz
 	for range producers {
 		wg.Go(func() {
 			for range jobs {
-				id, err := produce(ctx, pool, size)
+				id, err := one(ctx)
 				if err != nil {
 					errOnce.Do(func() { first = err })
 					continue

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferrymq/ferry/bench/suite"
 )
 
 // BenchmarkEndToEnd is bench's BenchmarkEndToEnd on Watermill: N events
@@ -30,7 +32,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			topicAlone := newQueue(b)
 			apool := alone.newPool(b, s.producers)
 			cm := startCost(b, alone, false)
-			d, err := burst(ctx, s.producers, n, func() error { _, err := produce(ctx, apool, topicAlone); return err })
+			d, err := burst(ctx, apool, topicAlone, s.producers, n)
 			must(b, err)
 			createRate := float64(n) / d.Seconds()
 			apool.Close()
@@ -42,7 +44,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			pool := db.newPool(b, s.producers)
 			m := startCost(b, db, true)
 			start := time.Now()
-			pd, err := burst(ctx, s.producers, n, func() error { _, err := produce(ctx, pool, topic); return err })
+			pd, err := burst(ctx, pool, topic, s.producers, n)
 			must(b, err)
 			pl.wait(b, 10*time.Minute)
 			elapsed := time.Since(start)
@@ -133,7 +135,7 @@ func latency(b *testing.B, p profile, rate int) {
 		lat = append(lat, time.Duration(handled[id].Load()-committed[id].Load()))
 	}
 	slices.Sort(lat)
-	p50, p99, worst := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
+	p50, p99, worst := suite.Percentile(lat, 50), suite.Percentile(lat, 99), lat[len(lat)-1]
 	b.ReportMetric(ms(p50), "p50-ms")
 	b.ReportMetric(ms(p99), "p99-ms")
 	b.ReportMetric(ms(worst), "max-ms")
@@ -143,57 +145,11 @@ func latency(b *testing.B, p profile, rate int) {
 	b.Logf("%s: commit-to-handler latency p50 %.2f ms, p99 %.2f ms, max %.2f ms; %d duplicates, %d failed", p.name, ms(p50), ms(p99), ms(worst), pl.dups.Load(), pl.failed.Load())
 }
 
-// paced is bench's paced: a ticker hands out n events at rate events/s,
-// producers goroutines commit them; onCommit gets each business row id
-// just after its commit returned.
+// paced commits n events at rate events/s from producers goroutines
+// (suite.Produce, ferry bench's producers); onCommit gets each business
+// row id just after its commit returned.
 func paced(ctx context.Context, pool *pgxpool.Pool, topic string, n, rate, producers int, onCommit func(id int64)) (time.Duration, error) {
-	jobs := make(chan struct{}, n)
-	go func() {
-		t := time.NewTicker(time.Second / time.Duration(rate))
-		defer t.Stop()
-		defer close(jobs)
-		for range n {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				jobs <- struct{}{}
-			}
-		}
-	}()
-	var (
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		first   error
-	)
-	start := time.Now()
-	for range producers {
-		wg.Go(func() {
-			for range jobs {
-				id, err := produce(ctx, pool, topic)
-				if err != nil {
-					errOnce.Do(func() { first = err })
-					continue
-				}
-				if onCommit != nil {
-					onCommit(id)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if first == nil {
-		first = ctx.Err()
-	}
-	return time.Since(start), first
-}
-
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(float64(len(sorted))*p/100+0.999999) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
+	return suite.Produce(ctx, n, producers, rate, func(ctx context.Context) (int64, error) { return produce(ctx, pool, topic) }, onCommit)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

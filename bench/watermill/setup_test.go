@@ -2,7 +2,6 @@ package watermill
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,15 +22,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/internal/runcost"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 )
 
-// bodyBytes, traceparent and the body's shape are bench's: the same event.
 const (
-	bodyBytes   = 160
-	traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	// forwarderTopic is the watermill-sql topic (table
 	// watermill_<topic>) the producers write and the forwarder polls.
 	forwarderTopic = "events_forwarder"
@@ -152,24 +149,13 @@ func newDatabase(b *testing.B) database {
 	return database{pool: pool, dsn: dsn}
 }
 
+// newPool opens a pool of maxConns connections on the database, all
+// opened now (suite.OpenPool), closed when the benchmark ends.
 func (d database) newPool(b *testing.B, maxConns int) *pgxpool.Pool {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(d.dsn)
-	must(b, err)
-	cfg.MaxConns = int32(maxConns)
-	cfg.MinConns = int32(maxConns)
-	pool, err := pgxpool.NewWithConfig(benchCtx(b), cfg)
+	pool, err := suite.OpenPool(benchCtx(b), d.dsn, maxConns)
 	must(b, err)
 	b.Cleanup(pool.Close)
-	conns := make([]*pgxpool.Conn, 0, maxConns)
-	for range maxConns {
-		c, err := pool.Acquire(benchCtx(b))
-		must(b, err)
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
 	return pool
 }
 
@@ -213,24 +199,6 @@ func newQueue(b *testing.B) string {
 	return q
 }
 
-// eventBody is bench's eventBody: the JSON body of notification id,
-// padded to bodyBytes.
-func eventBody(id int64) []byte {
-	head := fmt.Sprintf(`{"notification_id":"%d","user_id":"user-%d","channel":"email","subject":"Your weekly summary","pad":"`, id, id%100)
-	pad := max(bodyBytes-len(head)-2, 0)
-	return []byte(head + strings.Repeat("x", pad) + `"}`)
-}
-
-func notificationID(body []byte) (int64, error) {
-	var ev struct {
-		NotificationID string `json:"notification_id"`
-	}
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return 0, fmt.Errorf("watermill bench: event body: %w", err)
-	}
-	return strconv.ParseInt(ev.NotificationID, 10, 64)
-}
-
 // produce commits one business row and its event in one transaction, the
 // way Watermill documents its outbox: watermill-sql's publisher on the
 // transaction, wrapped by the forwarder's publisher (which envelopes the
@@ -241,19 +209,17 @@ func produce(ctx context.Context, pool *pgxpool.Pool, topic string) (int64, erro
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO notifications (user_id, channel, to_addr, subject, body)
-		VALUES ($1, 'email', 'someone@example.com', 'Your weekly summary', 'Hello!')
-		RETURNING id`, "user-bench").Scan(&id); err != nil {
-		return 0, fmt.Errorf("insert notification: %w", err)
+	id, err := suite.InsertNotification(ctx, tx)
+	if err != nil {
+		return 0, err
 	}
 	sqlPub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, logger)
 	if err != nil {
 		return 0, err
 	}
-	msg := message.NewMessage(watermill.NewUUID(), eventBody(id))
-	msg.Metadata.Set("traceparent", traceparent)
+	// The event is ferry bench's (suite.EventBody, suite.Traceparent).
+	msg := message.NewMessage(watermill.NewUUID(), suite.EventBody(id, suite.DefaultSize))
+	msg.Metadata.Set("traceparent", suite.Traceparent)
 	msg.Metadata.Set("created_at", time.Now().UTC().Format(time.RFC3339Nano))
 	if err := forwarder.NewPublisher(sqlPub, forwarder.PublisherConfig{ForwarderTopic: forwarderTopic}).Publish(topic, msg); err != nil {
 		return 0, fmt.Errorf("publish: %w", err)
@@ -264,28 +230,11 @@ func produce(ctx context.Context, pool *pgxpool.Pool, topic string) (int64, erro
 	return id, nil
 }
 
-// burst runs one n times from producers goroutines and returns the
-// elapsed time and the first error.
-func burst(ctx context.Context, producers, n int, one func() error) (time.Duration, error) {
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		first   error
-	)
-	start := time.Now()
-	for range producers {
-		wg.Go(func() {
-			for next.Add(1) <= int64(n) && ctx.Err() == nil {
-				if err := one(); err != nil {
-					errOnce.Do(func() { first = err })
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return time.Since(start), first
+// burst commits n events from producers goroutines as fast as they go
+// (suite.Produce, ferry bench's producers) and returns the elapsed time
+// and the first error.
+func burst(ctx context.Context, pool *pgxpool.Pool, topic string, producers, n int) (time.Duration, error) {
+	return suite.Produce(ctx, n, producers, 0, func(ctx context.Context) (int64, error) { return produce(ctx, pool, topic) }, nil)
 }
 
 // pipeline is a forwarder and consumers running on one database and
@@ -376,7 +325,7 @@ func startPipeline(b *testing.B, db database, topic string, p profile, target in
 // handle is the consumer's work, bench's handler plus the dedup insert
 // ferry's worker does: one transaction.
 func handle(ctx context.Context, pool *pgxpool.Pool, msg *message.Message, onHandled func(id int64)) (dup bool, err error) {
-	id, err := notificationID(msg.Payload)
+	id, err := suite.EventID(msg.Payload)
 	if err != nil {
 		return false, err
 	}

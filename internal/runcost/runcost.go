@@ -10,7 +10,9 @@
 // WAL bytes are the distance between pg_current_wal_lsn() at Start and at
 // Stop: exact, and for the whole cluster (a benchmark's own cluster, so
 // its own writes). Commits and rollbacks are pg_stat_database's counters
-// of the current database; WAL fsyncs are pg_stat_wal.wal_sync (cluster).
+// of the current database; WAL fsyncs are the cluster's, read where the
+// server keeps them: pg_stat_wal.wal_sync up to PostgreSQL 17,
+// pg_stat_io's fsyncs of object 'wal' from 18 on (18 dropped wal_sync).
 // PostgreSQL's backends report those counters lazily (at most once a
 // second, an idle one within 10 s, every one when it exits), so close the
 // run's pools before Stop: Stop waits until their backends are gone.
@@ -85,6 +87,7 @@ type Meter struct {
 	procs    []Process
 	cpu      []time.Duration
 	lsn      string
+	version  int // server_version_num
 	db       dbCounters
 	started  time.Time
 	database string
@@ -93,14 +96,32 @@ type Meter struct {
 // dbCounters are PostgreSQL's cumulative counters Stop subtracts.
 type dbCounters struct{ commits, rollbacks, walSyncs int64 }
 
-func readCounters(ctx context.Context, pool *pgxpool.Pool) (dbCounters, error) {
+// pg18 is server_version_num of PostgreSQL 18, which moved the WAL I/O
+// counters (wal_write, wal_sync and their times) from pg_stat_wal to
+// pg_stat_io's rows with object 'wal' (PostgreSQL 18 release notes,
+// "Monitoring").
+const pg18 = 180000
+
+// walSyncsQuery returns the query of the cluster's WAL fsyncs so far on a
+// server of version (server_version_num): pg_stat_wal.wal_sync before 18,
+// the sum of pg_stat_io.fsyncs over the rows of object 'wal' from 18 on.
+func walSyncsQuery(version int) string {
+	if version >= pg18 {
+		return `SELECT coalesce(sum(fsyncs), 0)::bigint FROM pg_stat_io WHERE object = 'wal'`
+	}
+	return `SELECT wal_sync FROM pg_stat_wal`
+}
+
+func readCounters(ctx context.Context, pool *pgxpool.Pool, version int) (dbCounters, error) {
 	var c dbCounters
 	err := pool.QueryRow(ctx, `
-		SELECT d.xact_commit, d.xact_rollback, w.wal_sync
-		FROM pg_stat_database d, pg_stat_wal w
-		WHERE d.datname = current_database()`).Scan(&c.commits, &c.rollbacks, &c.walSyncs)
+		SELECT xact_commit, xact_rollback FROM pg_stat_database
+		WHERE datname = current_database()`).Scan(&c.commits, &c.rollbacks)
 	if err != nil {
-		return c, fmt.Errorf("runcost: read pg_stat_database and pg_stat_wal: %w", err)
+		return c, fmt.Errorf("runcost: read pg_stat_database: %w", err)
+	}
+	if err := pool.QueryRow(ctx, walSyncsQuery(version)).Scan(&c.walSyncs); err != nil {
+		return c, fmt.Errorf("runcost: read the WAL fsyncs (server_version_num %d): %w", version, err)
 	}
 	return c, nil
 }
@@ -122,10 +143,10 @@ func readCPU(procs []Process) ([]time.Duration, error) {
 func Start(ctx context.Context, pool *pgxpool.Pool, procs ...Process) (*Meter, error) {
 	m := &Meter{procs: procs}
 	var err error
-	if err = pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, current_database()`).Scan(&m.lsn, &m.database); err != nil {
+	if err = pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, current_database(), current_setting('server_version_num')::int`).Scan(&m.lsn, &m.database, &m.version); err != nil {
 		return nil, fmt.Errorf("runcost: pg_current_wal_lsn: %w", err)
 	}
-	if m.db, err = readCounters(ctx, pool); err != nil {
+	if m.db, err = readCounters(ctx, pool, m.version); err != nil {
 		return nil, err
 	}
 	if m.cpu, err = readCPU(procs); err != nil {
@@ -165,7 +186,7 @@ func (m *Meter) Stop(ctx context.Context, pool *pgxpool.Pool) (Cost, error) {
 			break
 		}
 	}
-	end, err := readCounters(ctx, pool)
+	end, err := readCounters(ctx, pool, m.version)
 	if err != nil {
 		return c, err
 	}
@@ -188,7 +209,7 @@ type Cost struct {
 	WALBytes  int64        // WAL written by the cluster
 	Commits   int64        // transactions committed in the database (read-only ones too)
 	Rollbacks int64        // transactions rolled back in the database
-	WALSyncs  int64        // WAL fsyncs of the cluster (pg_stat_wal.wal_sync)
+	WALSyncs  int64        // WAL fsyncs of the cluster (pg_stat_wal.wal_sync; from PostgreSQL 18 pg_stat_io)
 	// Lagging is how many client backends were still connected when
 	// Stop read the counters (0 when every other pool was closed).
 	Lagging int

@@ -117,7 +117,7 @@ func (o BrokerOptions) brokerArgs() []string {
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, ordering, retry, replay; writes results.json, results.md and charts",
+		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer; writes results.json, results.md and charts",
 		Description: "Without --brokers, bench starts embedded PostgreSQL and NATS JetStream in its own process, so it\n" +
 			"runs on a machine with nothing installed. With --brokers it uses the servers of --database-url\n" +
 			"(embedded PostgreSQL when not given) and of each broker's URL flag. Every scenario runs on every\n" +
@@ -125,7 +125,7 @@ func benchCommand() *cli.Command {
 		Flags: concat([]cli.Flag{
 			&cli.StringFlag{Name: flagBrokers, EnvVars: env("bench-brokers"), Usage: "comma list of brokers (" + strings.Join(BrokerNames(), ", ") + ") or all; default: embedded NATS"},
 			&cli.StringFlag{Name: flagScenarios, Value: strings.Join(suite.BuiltScenarios, ","), EnvVars: env("bench-scenarios"), Usage: "comma list of scenarios (" + strings.Join(suite.Scenarios, ", ") + ") or all"},
-			&cli.IntFlag{Name: flagMessages, Value: 20000, EnvVars: env("bench-messages"), Usage: "messages per scenario run (latency: at most 10 s at each rate; ordering at most 5,000; retry at most 200)"},
+			&cli.IntFlag{Name: flagMessages, Value: 20000, EnvVars: env("bench-messages"), Usage: "messages per scenario run (latency: at most 10 s at each rate; ordering at most 5,000; routing at most 3,000; retry at most 200)"},
 			&cli.IntFlag{Name: flagSize, Value: suite.DefaultSize, EnvVars: env("bench-size"), Usage: "event body in bytes"},
 			&cli.IntFlag{Name: flagRate, EnvVars: env("bench-rate"), Usage: "producers' events/s in end-to-end and latency; 0: end-to-end flat out, latency at 200/s and 1000/s"},
 			&cli.IntFlag{Name: flagWorkers, Value: 20, EnvVars: env("bench-workers"), Usage: "worker concurrency (messages handled at once)"},
@@ -301,7 +301,7 @@ func runBench(c *cli.Context) error {
 			failed++
 		}
 	}
-	fmt.Fprintf(out, "ferry bench: done in %.0f s; wrote results.json, results.md and the charts to %s\n", res.Seconds, c.String(flagOut))
+	fmt.Fprintf(out, "ferry bench: done in %s; wrote results.json, results.md and the charts to %s\n", suite.FormatSeconds(res.Seconds), c.String(flagOut))
 	if failed > 0 {
 		return fmt.Errorf("ferry bench: %d scenario run(s) failed; see %s/results.md", failed, c.String(flagOut))
 	}

@@ -21,7 +21,8 @@ import (
 // Brokers, a few hundred messages each, against the servers of
 // compose/local/services.sh. It checks that the run finishes, writes its
 // files and that the figures users read for correctness (ordering with one
-// consumer, attempts before the DLQ, nothing lost) are right; it asserts
+// consumer, routing by exact, '*' and '#' bindings, attempts before the
+// DLQ, nothing lost) are right; it asserts
 // nothing about speed. The faults scenario restarts each broker through
 // compose/local/services.sh and kills relay and worker, which run as
 // children of this test binary (see TestMain); the peer scenario runs the
@@ -96,6 +97,16 @@ func TestBenchSmoke(t *testing.T) {
 					figure(r, "broker restart recovery")
 					figure(r, "relay SIGKILL recovery")
 					figure(r, "worker SIGKILL recovery")
+				case suite.ScenarioRouting:
+					// Exact, '*' and '#' bindings: every queue gets what its
+					// patterns match, nothing else (a binding the broker
+					// refuses at Declare is left out and reported).
+					require.Zero(t, figure(r, "misrouted"), "%s: %s", br, r.Note)
+					require.Zero(t, figure(r, "missing"), "%s: %s", br, r.Note)
+					require.Positive(t, figure(r, "copies"), br)
+					if br == "rabbitmq" {
+						require.Zero(t, figure(r, "refused bindings"), "RabbitMQ's topic exchange takes every pattern: %s", r.Note)
+					}
 				case suite.ScenarioPeer:
 					require.Equal(t, "rabbitmq", br, "the Watermill peer runs on RabbitMQ only")
 					if strings.HasSuffix(r.Variant, "end-to-end") {
@@ -112,6 +123,7 @@ func TestBenchSmoke(t *testing.T) {
 		}
 		require.Equal(t, "ok", got[key{suite.ScenarioPipeline, br}][0].Status, br)
 		require.Equal(t, "ok", got[key{suite.ScenarioFaults, br}][0].Status, br)
+		require.Equal(t, "ok", got[key{suite.ScenarioRouting, br}][0].Status, br)
 	}
 
 	md, err := os.ReadFile(filepath.Join(out, "results.md"))

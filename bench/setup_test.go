@@ -133,7 +133,7 @@ func (s settings) String() string {
 		batchDelay = s.relayBatchDelay.String()
 	}
 	return fmt.Sprintf("notify window %v; relay BatchSize=%d Concurrency=%d BatchDelay=%s (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s BatchSize=%d (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
-		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, 2*s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerBatch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
+		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerBatch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
 }
 
 // machineLoad returns the 1-minute load average, to judge how far the
@@ -443,7 +443,7 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 	// exit and report their counters (runcost).
 	var pools []*pgxpool.Pool
 	if pt.relay {
-		pool := db.newPool(b, 2*s.relayConc+2)
+		pool := db.newPool(b, s.relayConc+2)
 		pools = append(pools, pool)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			Pool: pool, Broker: newBroker(b, kind, tp, s),

@@ -59,10 +59,8 @@ const minBackoff = 100 * time.Millisecond
 // means its documented default.
 type RelayConfig struct {
 	// Pool is the database holding the outbox (migrated by Migrate).
-	// Required. The relay uses up to 2*Concurrency+1 of its connections
-	// (each claim loop one, and a second while the previous full batch is
-	// marked in the background, see Concurrency; retention one), plus one
-	// dedicated connection of its own
+	// Required. The relay uses up to Concurrency+1 of its connections (the
+	// claim loops and retention), plus one dedicated connection of its own
 	// for LISTEN; pgxpool's default MaxConns is max(4, GOMAXPROCS), so give
 	// a relay sharing its pool with other work a larger one
 	// (pool_max_conns in the URL).
@@ -84,11 +82,7 @@ type RelayConfig struct {
 	// overlaps another's wait for confirms; one loop serves a light load,
 	// and the others join while batches come back full. Defaults to
 	// DefaultConcurrency (4; BenchmarkRelay measured about 0.5 of the raw
-	// confirmed publish rate with 1-2 loops and about 0.8 with 4). After
-	// a batch that came back full and was wholly confirmed, a loop marks
-	// and commits it in the background (holding a second connection)
-	// while it claims and publishes the next one, so a backlog costs one
-	// commit's wait per two batches at most, not one per batch.
+	// confirmed publish rate with 1-2 loops and about 0.8 with 4).
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without having
 	// been notified, a fallback for lost notifications; it is the longest
@@ -157,10 +151,9 @@ type RelayConfig struct {
 	// batch with failed rows. Defaults to slog.Default().
 	Logger *slog.Logger
 	// OnBatch, when set, is called after every batch that claimed rows,
-	// and after a batch that failed, from the claim loop's goroutine or,
-	// for a full batch marked in the background, from the goroutine that
-	// marks it (so concurrently, also when Concurrency is 1); it must be
-	// quick. Meant for metrics.
+	// and after a batch that failed, from the claim loop's goroutine (so
+	// concurrently when Concurrency > 1); it must be quick. Meant for
+	// metrics.
 	OnBatch func(BatchStats)
 	// AfterPublish, when set, is called after Publish returned and before
 	// the batch's rows are marked. A non-nil error rolls the transaction
@@ -466,13 +459,9 @@ func closeConn(conn *pgx.Conn) {
 func (r *Relay) claimLoop(ctx context.Context) error {
 	var (
 		active    bool
-		rechecked bool               // the last claim was the recheck after an empty one
-		marking   <-chan batchResult // the last batch's mark, running in the background
+		rechecked bool // the last claim was the recheck after an empty one
 	)
 	defer func() {
-		if marking != nil {
-			<-marking // a batch in flight is marked before Run returns
-		}
 		if active {
 			r.mu.Lock()
 			r.active--
@@ -506,17 +495,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			return nil
 		}
 		r.beforeClaim()
-		res := r.processBatch(ctx, true)
-		if marking != nil {
-			// The previous batch's mark ran while this batch was claimed
-			// and published; a failed mark (the database failed) leaves
-			// its rows unprocessed, to be published again.
-			if prev := <-marking; prev.outage && ctx.Err() == nil {
-				r.setUnavailable(prev, false)
-			}
-			marking = nil
-		}
-		marking = res.marking
+		res := r.processBatch(ctx)
 		if ctx.Err() != nil {
 			r.endProbe(probe)
 			return nil
@@ -808,7 +787,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // error. It does not pause after an outage: Run does. Tests and benchmarks use it to drive the relay by hand;
 // it may run concurrently with Run and other relays.
 func (r *Relay) ProcessBatch(ctx context.Context) (published int, err error) {
-	res := r.processBatch(ctx, false)
+	res := r.processBatch(ctx)
 	return res.published, res.err
 }
 
@@ -820,12 +799,6 @@ type batchResult struct {
 	dbFault                    bool // the outage is the database's
 	deferred                   bool // rows were claimed but left for the next batch (overtaken, see claimSQL)
 	fatal                      bool // the broker is closed
-	// marking, when not nil, delivers the batch's result once its rows
-	// are marked and committed, which happens in the background: the
-	// batch was full and wholly confirmed, so the claim loop claims and
-	// publishes the next one meanwhile (see claimLoop). Until then the
-	// other fields say what Publish did.
-	marking <-chan batchResult
 }
 
 // keyLockClass is the first key of the transaction-level advisory locks
@@ -901,15 +874,10 @@ SET attempts = o.attempts + 1,
 FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, err, delay_ms)
 WHERE o.id = f.id`
 
-// processBatch claims, publishes and marks one batch. With overlap, a
-// batch that came back full and was wholly confirmed is marked and
-// committed in the background: res.marking delivers its final result, and
-// the connection stays with that goroutine until the commit.
-func (r *Relay) processBatch(ctx context.Context, overlap bool) (res batchResult) {
+func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	start := time.Now()
-	async := false
 	defer func() {
-		if !async && r.cfg.OnBatch != nil && (res.claimed > 0 || (res.err != nil && ctx.Err() == nil)) {
+		if r.cfg.OnBatch != nil && (res.claimed > 0 || (res.err != nil && ctx.Err() == nil)) {
 			r.cfg.OnBatch(BatchStats{Claimed: res.claimed, Published: res.published, Failed: res.failed,
 				Duration: time.Since(start), PublishDuration: res.publishDur, MarkDuration: res.markDur, Err: res.err})
 		}
@@ -928,18 +896,13 @@ func (r *Relay) processBatch(ctx context.Context, overlap bool) (res batchResult
 	if err != nil {
 		return dbErr("acquire", err)
 	}
-	release := func() {
+	defer func() {
 		if c.Conn().PgConn().TxStatus() != 'I' && !c.Conn().IsClosed() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_, _ = c.Exec(rctx, "ROLLBACK")
 			cancel()
 		}
 		c.Release() // the pool drops a connection still in a transaction
-	}
-	defer func() {
-		if !async {
-			release()
-		}
 	}()
 
 	claim := &pgx.Batch{}
@@ -1028,49 +991,15 @@ func (r *Relay) processBatch(ctx context.Context, overlap bool) (res batchResult
 			return res
 		}
 	}
+	failed := broker.FailedIndexes(perr, len(msgs))
 	shutdown := ctx.Err() != nil
 	confirmedAfter := mstart.Sub(began).Microseconds()
 
-	if overlap && perr == nil && !shutdown && len(msgs) == r.cfg.BatchSize {
-		// Full and wholly confirmed: more rows are probably waiting, so
-		// mark and commit in the background while the loop claims and
-		// publishes the next batch (on another connection; the rows and
-		// key slots of this one stay locked until its commit, so the next
-		// claim skips them as it skips another loop's).
-		async = true
-		done := make(chan batchResult, 1)
-		res.published = len(msgs)
-		res.marking = done
-		pres := res // not res: the named result is written by the return below
-		go func() {
-			defer release()
-			mres := r.mark(ctx, c, ids, attempts, nil, pres, mstart, confirmedAfter, false)
-			if r.cfg.OnBatch != nil {
-				r.cfg.OnBatch(BatchStats{Claimed: mres.claimed, Published: mres.published, Failed: mres.failed,
-					Duration: time.Since(start), PublishDuration: mres.publishDur, MarkDuration: mres.markDur, Err: mres.err})
-			}
-			done <- mres
-		}()
-		return res
-	}
-	return r.mark(ctx, c, ids, attempts, perr, res, mstart, confirmedAfter, shutdown)
-}
-
-// mark records a published batch (ids, claimed with attempts) in the
-// transaction of its claim on c and commits: the rows confirmed are
-// marked processed, the rows that failed for a reason of their own (in
-// perr, Publish's error) get an attempt and their backoff, the rows the
-// broker failed get last_error. res is the batch's result so far; mstart
-// is when Publish returned, confirmedAfter the microseconds from the
-// claim to then; shutdown tells that the relay's ctx was done by then.
-func (r *Relay) mark(ctx context.Context, c *pgxpool.Conn, ids []int64, attempts []int,
-	perr error, res batchResult, mstart time.Time, confirmedAfter int64, shutdown bool) batchResult {
-	failed := broker.FailedIndexes(perr, len(ids))
 	// Mark even when ctx was cancelled meanwhile: the broker has the
 	// confirmed messages, and not marking them would publish them again.
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer mcancel()
-	okIDs := make([]int64, 0, len(ids)-len(failed))
+	okIDs := make([]int64, 0, len(msgs)-len(failed))
 	var (
 		failIDs    []int64
 		failErrs   []string
@@ -1115,7 +1044,7 @@ func (r *Relay) mark(ctx context.Context, c *pgxpool.Conn, ids []int64, attempts
 		if err == nil {
 			err = errors.New("transaction still open after COMMIT")
 		}
-		return batchResult{claimed: len(ids), publishDur: res.publishDur, err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown, dbFault: true}
+		return batchResult{claimed: len(msgs), publishDur: res.publishDur, err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown, dbFault: true}
 	}
 	res.markDur = time.Since(mstart)
 	res.published = len(okIDs)

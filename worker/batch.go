@@ -169,22 +169,16 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	for _, it := range items {
 		it.state, it.err, it.rec, it.msg, it.fail = batchPending, nil, attemptRecord{}, it.d.Message(), nil
 	}
-	tx, err := w.cfg.Pool.Begin(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
-	}
-	defer w.rollback(ctx, tx) // after Commit: a no-op
-
 	ids := make([]string, 0, len(items))
 	for _, it := range items {
 		ids = append(ids, it.msg.ID)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	inserted, err := w.insertDedup(ctx, tx, ids)
+	tx, inserted, err := w.insertDedup(ctx, ids)
+	if tx != nil {
+		defer w.rollback(ctx, tx) // after Commit: a no-op
+	}
 	if err != nil {
 		return err
 	}
@@ -248,16 +242,27 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	return nil
 }
 
-// insertDedup inserts (Consumer, id) for each of ids and returns the ids
-// inserted, i.e. not processed before, with their attempt records. The
-// records are read by a second statement in the same round trip, for the
-// reason given at attemptSQL.
-func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[string]attemptRecord, error) {
+// insertDedup opens the batch's transaction and inserts (Consumer, id) for
+// each of ids, and returns the transaction and the ids inserted, i.e. not
+// processed before, with their attempt records. BEGIN, the insert and the
+// read of the records (a second statement, for the reason given at
+// attemptSQL) go in one round trip (pgx.Batch.BeginTx). tx is nil only
+// when no connection was acquired; the caller rolls it back on error.
+func (w *Worker) insertDedup(ctx context.Context, ids []string) (tx pgx.Tx, _ map[string]attemptRecord, err error) {
 	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchDedupSQL, w.cfg.Consumer, ids)
 	b.Queue(batchAttemptsSQL, w.cfg.Consumer, ids)
-	br := tx.SendBatch(ctx, b)
+	br := w.cfg.Pool.SendBatch(ctx, b)
+	tx = br.Tx()
 	inserted := make(map[string]attemptRecord, len(ids))
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		if ctx.Err() != nil {
+			return tx, nil, ctx.Err()
+		}
+		return tx, nil, fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+	}
 	rows, _ := br.Query()
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err == nil {
@@ -283,16 +288,16 @@ func (w *Worker) insertDedup(ctx context.Context, tx pgx.Tx, ids []string) (map[
 		var pgErr *pgconn.PgError
 		switch {
 		case ctx.Err() != nil:
-			return nil, ctx.Err()
+			return tx, nil, ctx.Err()
 		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
 			// Data exception: some message ID is unusable; alone, that
 			// message is dead-lettered and the others handled.
-			return nil, fmt.Errorf("%w: insert into %s: %w", errBatch, DedupTable, err)
+			return tx, nil, fmt.Errorf("%w: insert into %s: %w", errBatch, DedupTable, err)
 		default:
-			return nil, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
+			return tx, nil, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
 		}
 	}
-	return inserted, nil
+	return tx, inserted, nil
 }
 
 // batchErr wraps a failure of a batch statement in errBatch, or returns

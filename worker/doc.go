@@ -178,7 +178,10 @@
 // Config.Prefetch deliveries in flight; size the database pool to at least
 // Concurrency connections. Each message costs one transaction: BEGIN, the
 // dedup INSERT, the handler's statements and COMMIT (with BatchSize 1; see
-// Batches). While a handler runs,
+// Batches). BEGIN, the dedup INSERT and the read of the attempt record go
+// to the server in one round trip (pgx.Batch.BeginTx), so a handler that
+// runs one statement costs three round trips: that one, the handler's and
+// COMMIT. While a handler runs,
 // the worker calls Delivery.Extend every AckDeadline/3 so a broker with an
 // ack deadline does not redeliver it meanwhile.
 //

@@ -604,22 +604,17 @@ type processResult struct {
 // is not handled: the transaction is rolled back and res.rec.dead is set.
 func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processResult) {
 	res.msg = msg
-	tx, err := w.cfg.Pool.Begin(ctx)
+	tx, inserted, began, err := w.beginDedup(ctx, msg.ID, &res.rec)
 	if err != nil {
-		if ctx.Err() != nil {
-			res.err = ctx.Err()
-			return res
+		if tx != nil {
+			w.rollback(ctx, tx)
 		}
-		res.err = fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
-		return res
-	}
-	inserted, err := w.dedup(ctx, tx, msg.ID, &res.rec)
-	if err != nil {
-		w.rollback(ctx, tx)
 		var pgErr *pgconn.PgError
 		switch {
 		case ctx.Err() != nil:
 			res.err = ctx.Err()
+		case !began:
+			res.err = fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
 		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
 			// Data exception: the message ID itself is unusable (e.g. not
 			// valid UTF-8); retrying cannot help.
@@ -665,27 +660,37 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 	return res
 }
 
-// dedup inserts the dedup row of id and, in the same round trip, reads
-// its attempt record into rec. inserted is false for a duplicate.
-func (w *Worker) dedup(ctx context.Context, tx pgx.Tx, id string, rec *attemptRecord) (inserted bool, err error) {
+// beginDedup opens the handler's transaction, inserts the dedup row of id
+// and reads its attempt record into rec, all in one round trip (BEGIN
+// pipelined with the two statements, pgx.Batch.BeginTx). inserted is false
+// for a duplicate. began is false when the transaction could not be
+// opened (no connection, BEGIN failed). tx is nil only when no connection
+// was acquired; otherwise the caller rolls it back on error.
+func (w *Worker) beginDedup(ctx context.Context, id string, rec *attemptRecord) (tx pgx.Tx, inserted, began bool, err error) {
 	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
 	b.Queue(dedupSQL, w.cfg.Consumer, id)
 	b.Queue(attemptSQL, w.cfg.Consumer, id)
-	br := tx.SendBatch(ctx, b)
-	tag, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&rec.attempts, &rec.dead, &rec.lastError)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
+	br := w.cfg.Pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	var tag pgconn.CommandTag
+	if _, err = br.Exec(); err == nil {
+		began = true
+		tag, err = br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&rec.attempts, &rec.dead, &rec.lastError)
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = nil
+			}
 		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return false, err
+		return tx, false, began, err
 	}
-	return tag.RowsAffected() == 1, nil
+	return tx, tag.RowsAffected() == 1, true, nil
 }
 
 // commit commits tx on a context detached from ctx's cancellation: once a

@@ -27,7 +27,7 @@ func rawKafka(b *testing.B, exchange string, n, publishers, batch int) float64 {
 	w := &kafkago.Writer{
 		Addr:         kafkago.TCP(testenv.KafkaBrokers()...),
 		Balancer:     &kafkago.Murmur2Balancer{},
-		BatchSize:    100000,
+		BatchSize:    256, // the adapter's (brokers/kafka writerBatchSize)
 		BatchBytes:   1 << 20,
 		BatchTimeout: time.Millisecond,
 		RequiredAcks: kafkago.RequireAll,

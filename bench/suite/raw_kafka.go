@@ -43,7 +43,7 @@ func newKafkaRawClient(ctx context.Context, url string) (*kafkaRawClient, error)
 	r.w = &kafkago.Writer{
 		Addr:         kafkago.TCP(addrs...),
 		Topic:        r.topic,
-		BatchSize:    100000,
+		BatchSize:    256, // the adapter's (brokers/kafka writerBatchSize)
 		BatchBytes:   1 << 20,
 		BatchTimeout: time.Millisecond,
 		RequiredAcks: kafkago.RequireAll,

@@ -387,10 +387,7 @@ func stopCost(b *testing.B, m *runcost.Meter, db database, events int, prefix st
 	b.Helper()
 	c, err := m.Stop(benchCtx(b), db.pool)
 	must(b, err)
-	for _, mt := range c.Metrics(events) {
-		b.ReportMetric(mt.Value, prefix+mt.Unit)
-	}
-	return c.Describe(events)
+	return c.Report(events, prefix, b.ReportMetric)
 }
 
 // logStatements is bench's: with FERRY_BENCH_STATEMENTS=1, what the run
@@ -400,16 +397,10 @@ func logStatements(b *testing.B, db database, events int, label string) {
 	if os.Getenv("FERRY_BENCH_STATEMENTS") != "1" {
 		return
 	}
-	ctx := benchCtx(b)
-	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
-	must(b, err)
-	defer admin.Close()
-	var name string
-	must(b, db.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name))
-	sts, err := runcost.Statements(ctx, admin, name, 25)
+	lines, err := runcost.StatementsOf(benchCtx(b), testenv.DatabaseURL(), db.pool, events, 25)
 	must(b, err)
 	// Printed, not logged: a benchmark's log is cut at 10 lines.
-	fmt.Printf("%s: statements (pg_stat_statements, most total time first):\n\t%s\n", label, strings.Join(runcost.DescribeStatements(sts, events), "\n\t"))
+	fmt.Printf("%s: statements (pg_stat_statements, most total time first):\n\t%s\n", label, strings.Join(lines, "\n\t"))
 }
 
 func machineLoad() string {

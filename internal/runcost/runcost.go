@@ -324,3 +324,35 @@ func DescribeStatements(sts []Statement, events int) []string {
 	}
 	return out
 }
+
+// Report hands each figure of Metrics(events) to report (a Go
+// benchmark's b.ReportMetric), its unit prefixed by prefix (e.g.
+// "create-"; "" for none), and returns Describe(events).
+func (c Cost) Report(events int, prefix string, report func(value float64, unit string)) string {
+	for _, mt := range c.Metrics(events) {
+		report(mt.Value, prefix+mt.Unit)
+	}
+	return c.Describe(events)
+}
+
+// StatementsOf is Statements for the database pool is connected to, read
+// through a short-lived pool on adminURL (a database where the extension
+// exists), described per event by DescribeStatements: at most limit
+// lines, most total time first. Errors: those of connecting, of reading
+// the database's name and of Statements.
+func StatementsOf(ctx context.Context, adminURL string, pool *pgxpool.Pool, events, limit int) ([]string, error) {
+	admin, err := pgxpool.New(ctx, adminURL)
+	if err != nil {
+		return nil, fmt.Errorf("runcost: connect to the admin database: %w", err)
+	}
+	defer admin.Close()
+	var name string
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name); err != nil {
+		return nil, fmt.Errorf("runcost: current database: %w", err)
+	}
+	sts, err := Statements(ctx, admin, name, limit)
+	if err != nil {
+		return nil, err
+	}
+	return DescribeStatements(sts, events), nil
+}

@@ -2,9 +2,6 @@ package bench
 
 import (
 	"context"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,59 +20,10 @@ import (
 // once, each writing batches of batch messages with one WriteMessages and
 // awaiting it before the next: the relay's shape.
 func rawKafka(b *testing.B, exchange string, n, publishers, batch int) float64 {
-	ctx := benchCtx(b)
-	w := &kafkago.Writer{
-		Addr:         kafkago.TCP(testenv.KafkaBrokers()...),
-		Balancer:     &kafkago.Murmur2Balancer{},
-		BatchSize:    256, // the adapter's (brokers/kafka writerBatchSize)
-		BatchBytes:   1 << 20,
-		BatchTimeout: time.Millisecond,
-		RequiredAcks: kafkago.RequireAll,
-		// A transport of its own: kafka-go's shared DefaultTransport
-		// caches metadata that may predate the topic.
-		Transport: &kafkago.Transport{},
-	}
+	w := suite.KafkaWriter(testenv.KafkaBrokers()...)
 	defer w.Close()
-	topic := kafka.TopicName(exchange)
-	body := suite.EventBody(1, bodyBytes)
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		failure error
-	)
-	start := time.Now()
-	for range publishers {
-		wg.Go(func() {
-			msgs := make([]kafkago.Message, 0, batch)
-			for {
-				first := int(next.Add(int64(batch))) - batch
-				if first >= n {
-					return
-				}
-				msgs = msgs[:0]
-				created := []byte(broker.FormatTime(time.Now()))
-				for id := first + 1; id <= min(first+batch, n); id++ {
-					msgs = append(msgs, kafkago.Message{Topic: topic, Key: []byte("user-" + strconv.Itoa(id%100)), Value: body,
-						Headers: []kafkago.Header{
-							{Key: "x-ferry-id", Value: []byte(strconv.Itoa(id))},
-							{Key: "x-ferry-type", Value: []byte(eventType)},
-							{Key: broker.HeaderCreatedAt, Value: created},
-							{Key: broker.HeaderTraceparent, Value: []byte(traceparent)},
-						}})
-				}
-				if err := w.WriteMessages(ctx, msgs...); err != nil {
-					errOnce.Do(func() { failure = err })
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if failure != nil {
-		b.Fatalf("bench: raw kafka write: %v", failure)
-	}
+	elapsed, err := suite.KafkaPublish(benchCtx(b), w, kafka.TopicName(exchange), n, publishers, batch, suite.EventBody(1, bodyBytes))
+	must(b, err)
 	return float64(n) / elapsed.Seconds()
 }
 

@@ -40,25 +40,41 @@ func newKafkaRawClient(ctx context.Context, url string) (*kafkaRawClient, error)
 	if err := res.Errors[r.topic]; err != nil {
 		return nil, fmt.Errorf("bench: raw kafka: create topic %s: %w", r.topic, err)
 	}
-	r.w = &kafkago.Writer{
-		Addr:         kafkago.TCP(addrs...),
-		Topic:        r.topic,
-		BatchSize:    256, // the adapter's (brokers/kafka writerBatchSize)
-		BatchBytes:   1 << 20,
-		BatchTimeout: time.Millisecond,
-		RequiredAcks: kafkago.RequireAll,
-		// A transport of its own: kafka-go's shared DefaultTransport
-		// caches metadata that may predate the topic.
-		Transport: &kafkago.Transport{},
-	}
+	r.w = KafkaWriter(addrs...)
 	return r, nil
 }
 
-// publish writes n records with the adapters' headers, relayConcurrency
-// writers at once, each a batch of relayBatch records awaited (acks=all)
-// before the next.
+// KafkaWriter is a segmentio/kafka-go Writer on the brokers at addrs
+// (host:port) with the Kafka adapter's settings: RequiredAcks RequireAll,
+// synchronous, murmur2 on the key, BatchSize 256 records (brokers/kafka
+// writerBatchSize), BatchBytes 1 MiB, BatchTimeout 1 ms, and a transport
+// of its own (kafka-go's shared DefaultTransport caches metadata that may
+// predate the topic). Each message names its topic. Close it after use.
+func KafkaWriter(addrs ...string) *kafkago.Writer {
+	return &kafkago.Writer{
+		Addr:         kafkago.TCP(addrs...),
+		Balancer:     &kafkago.Murmur2Balancer{},
+		BatchSize:    256,
+		BatchBytes:   1 << 20,
+		BatchTimeout: time.Millisecond,
+		RequiredAcks: kafkago.RequireAll,
+		Transport:    &kafkago.Transport{},
+	}
+}
+
+// publish writes n records in the relay's shape (KafkaPublish).
 func (r *kafkaRawClient) publish(ctx context.Context, n, size int) (time.Duration, error) {
-	body := EventBody(1, size)
+	return KafkaPublish(ctx, r.w, r.topic, n, relayConcurrency, relayBatch, EventBody(1, size))
+}
+
+// KafkaPublish writes n records with body to topic through w (see
+// KafkaWriter) with the headers the adapter sends for an outbox row (ID,
+// Type, key, traceparent, created-at) and the key "user-<id mod 100>":
+// publishers at once, each taking the next batch of batch records, writing
+// it with one WriteMessages and awaiting it (acks=all) before the next
+// (the relay's shape). It returns the elapsed time; a failed write is an
+// error. The Go benchmarks and ferry bench share it.
+func KafkaPublish(ctx context.Context, w *kafkago.Writer, topic string, n, publishers, batch int, body []byte) (time.Duration, error) {
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup
@@ -66,24 +82,24 @@ func (r *kafkaRawClient) publish(ctx context.Context, n, size int) (time.Duratio
 		failure error
 	)
 	start := time.Now()
-	for range relayConcurrency {
+	for range publishers {
 		wg.Go(func() {
-			msgs := make([]kafkago.Message, 0, relayBatch)
+			msgs := make([]kafkago.Message, 0, batch)
 			for {
-				first := int(next.Add(relayBatch)) - relayBatch
+				first := int(next.Add(int64(batch))) - batch
 				if first >= n {
 					return
 				}
 				msgs = msgs[:0]
 				created := broker.FormatTime(time.Now())
-				for id := first + 1; id <= min(first+relayBatch, n); id++ {
+				for id := first + 1; id <= min(first+batch, n); id++ {
 					hs := []kafkago.Header{{Key: "x-ferry-id", Value: []byte(strconv.Itoa(id))}, {Key: "x-ferry-type", Value: []byte(EventType)}}
 					for k, v := range rawHeaders(id, created) {
 						hs = append(hs, kafkago.Header{Key: k, Value: []byte(v)})
 					}
-					msgs = append(msgs, kafkago.Message{Key: []byte("user-" + strconv.Itoa(id%100)), Value: body, Headers: hs})
+					msgs = append(msgs, kafkago.Message{Topic: topic, Key: []byte("user-" + strconv.Itoa(id%100)), Value: body, Headers: hs})
 				}
-				if err := r.w.WriteMessages(ctx, msgs...); err != nil {
+				if err := w.WriteMessages(ctx, msgs...); err != nil {
 					errOnce.Do(func() { failure = err })
 					return
 				}

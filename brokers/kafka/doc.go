@@ -111,7 +111,9 @@
 // topics: each retry partition has a forwarder goroutine that waits until
 // its head is due (a level has one delay, so a partition is due in order)
 // and writes it back to the work topic with a header naming the queue, so
-// only that queue's group takes it (other groups pass over it). A wait
+// only that queue's group takes it (other groups pass over it). The
+// records behind the head that are due too go with it, up to 256 in one
+// write (acks=all), so a burst of retries comes back together. A wait
 // blocks neither the work partitions nor other retry partitions or levels.
 // Retried messages come back after later messages of their key. A retry
 // topic is created with retention.ms = max(7 days, 4 × its delay), so a

@@ -523,70 +523,144 @@ func (s *subscription) wants(m *broker.Message, internal map[string]string) bool
 	return false
 }
 
+// forwardBatch is the most records the retry forwarder writes back with
+// one WriteMessages: the writer's BatchSize (writerBatchSize).
+const forwardBatch = writerBatchSize
+
+// forwardDrain is how long the retry forwarder waits for one more record
+// already fetched before it writes back the due records it holds.
+const forwardDrain = 2 * time.Millisecond
+
 // forward reads one retry-topic partition for one generation: it waits
 // until the head record is due, writes it back to the work topic for this
-// queue only, and commits past it. Each partition (and each level, a topic
-// of its own) has its own goroutine, so a wait blocks nothing else.
+// queue only, together with the records behind it that are due too (at
+// most forwardBatch, in one WriteMessages, as the relay publishes), and
+// commits past them. Records that fall due together (a burst of retries
+// of one level) thus come back together, not one acks=all round trip
+// after another. Each partition (and each level, a topic of its own) has
+// its own goroutine, so a wait blocks nothing else.
 func (s *subscription) forward(ctx context.Context, gen *kafkago.Generation, k partKey, offset int64) {
 	r := s.newReader(k.topic, k.partition, offset)
 	defer func() { r.Close() }()
+	var (
+		held    *kafkago.Message // fetched, not yet due: the next batch's head
+		heldErr error            // what a drain's FetchMessage reported instead of a record
+	)
 	for {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+		var m kafkago.Message
+		if held != nil {
+			m, held = *held, nil
+		} else {
+			var err error
+			if heldErr != nil {
+				err, heldErr = heldErr, nil
+			} else {
+				m, err = r.FetchMessage(ctx)
 			}
-			if errors.Is(err, kafkago.OffsetOutOfRange) {
-				// The retry topic was created again: read it from its start.
-				r.Close()
-				r = s.newReader(k.topic, k.partition, kafkago.FirstOffset)
-				continue
-			}
-			s.recreate(ctx, err)
-			if !sleepCtx(ctx, 500*time.Millisecond) {
-				return
-			}
-			continue
-		}
-		var due time.Time
-		hs := make([]kafkago.Header, 0, len(m.Headers)+1)
-		for _, h := range m.Headers {
-			switch h.Key {
-			case hdrDue:
-				if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
-					due = time.UnixMilli(ms)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, kafkago.OffsetOutOfRange) {
+					// The retry topic was created again: read it from its start.
+					r.Close()
+					r = s.newReader(k.topic, k.partition, kafkago.FirstOffset)
+					continue
+				}
+				s.recreate(ctx, err)
+				if !sleepCtx(ctx, 500*time.Millisecond) {
+					return
 				}
 				continue
-			case hdrQueue:
-				continue
 			}
-			hs = append(hs, h)
 		}
-		hs = append(hs, kafkago.Header{Key: hdrQueue, Value: []byte(s.q.queue.Name)})
+		rec, due := s.writeBack(m)
 		if wait := time.Until(due); wait > 0 && !sleepCtx(ctx, wait) {
 			return
 		}
-		rec := kafkago.Message{Topic: s.q.topic, Key: m.Key, Value: m.Value, Headers: hs}
-		if rec.Value == nil {
-			rec.Value = []byte{}
-		}
-		for {
-			wctx, cancel := context.WithTimeout(ctx, s.b.cfg.PublishTimeout)
-			err := s.b.write(wctx, s.q.exchange, []kafkago.Message{rec})
+		recs, last := []kafkago.Message{rec}, m.Offset
+		for len(recs) < forwardBatch {
+			dctx, cancel := context.WithTimeout(ctx, forwardDrain)
+			next, err := r.FetchMessage(dctx)
 			cancel()
-			if err == nil {
+			if err != nil {
+				if dctx.Err() == nil || ctx.Err() != nil {
+					heldErr = err // the reader's own error: handled as the next fetch's
+				}
+				break // else nothing more fetched yet
+			}
+			rec, due := s.writeBack(next)
+			if time.Until(due) > 0 {
+				held = &next
 				break
 			}
-			if ctx.Err() != nil {
-				return
+			recs, last = append(recs, rec), next.Offset
+		}
+		if !s.writeBackAll(ctx, k, recs) {
+			return
+		}
+		if err := gen.CommitOffsets(map[string]map[int]int64{k.topic: {k.partition: last + 1}}); err != nil && ctx.Err() == nil {
+			s.b.log.Debug("retry forwarder: commit failed", "queue", s.q.queue.Name, "error", err)
+		}
+	}
+}
+
+// writeBack returns the work-topic record for retry record m, addressed
+// to this queue only, and the time m is due (zero when m has no due time:
+// due at once).
+func (s *subscription) writeBack(m kafkago.Message) (kafkago.Message, time.Time) {
+	var due time.Time
+	hs := make([]kafkago.Header, 0, len(m.Headers)+1)
+	for _, h := range m.Headers {
+		switch h.Key {
+		case hdrDue:
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+				due = time.UnixMilli(ms)
 			}
-			s.b.log.Warn("retry forwarder: write back failed; retrying", "queue", s.q.queue.Name, "topic", k.topic, "error", err)
-			if !sleepCtx(ctx, time.Second) {
-				return
+			continue
+		case hdrQueue:
+			continue
+		}
+		hs = append(hs, h)
+	}
+	hs = append(hs, kafkago.Header{Key: hdrQueue, Value: []byte(s.q.queue.Name)})
+	rec := kafkago.Message{Topic: s.q.topic, Key: m.Key, Value: m.Value, Headers: hs}
+	if rec.Value == nil {
+		rec.Value = []byte{}
+	}
+	return rec, due
+}
+
+// writeBackAll writes recs to the work topic (acks=all) until every one
+// is written: after a failure it waits a second and writes again only
+// the records the broker did not take. It reports false when ctx ends
+// first (the records are then read again from the uncommitted offset).
+func (s *subscription) writeBackAll(ctx context.Context, k partKey, recs []kafkago.Message) bool {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, s.b.cfg.PublishTimeout)
+		err := s.b.write(wctx, s.q.exchange, recs)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		var we kafkago.WriteErrors
+		if errors.As(err, &we) && len(we) == len(recs) {
+			failed := recs[:0:0]
+			for i, e := range we {
+				if e != nil {
+					failed = append(failed, recs[i])
+				}
+			}
+			if len(failed) > 0 {
+				recs = failed
 			}
 		}
-		if err := gen.CommitOffsets(map[string]map[int]int64{k.topic: {k.partition: m.Offset + 1}}); err != nil && ctx.Err() == nil {
-			s.b.log.Debug("retry forwarder: commit failed", "queue", s.q.queue.Name, "error", err)
+		s.b.log.Warn("retry forwarder: write back failed; retrying", "queue", s.q.queue.Name, "topic", k.topic, "records", len(recs), "error", err)
+		if !sleepCtx(ctx, time.Second) {
+			return false
 		}
 	}
 }

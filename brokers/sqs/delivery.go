@@ -25,6 +25,7 @@ type delivery struct {
 	s          *subscription
 	url        string
 	receipt    string
+	sqsID      string // SQS's MessageId: the same on every receive of one message
 	msg        *broker.Message
 	firstRecv  time.Time
 	receiveCnt int
@@ -43,7 +44,7 @@ func (s *subscription) newDelivery(url string, sm types.Message) *delivery {
 		m = &broker.Message{ID: aws.ToString(sm.MessageId), Body: []byte(aws.ToString(sm.Body)), Attempt: 1}
 	}
 	rc, _ := strconv.Atoi(sm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
-	return &delivery{s: s, url: url, receipt: aws.ToString(sm.ReceiptHandle), msg: m, receiveCnt: rc,
+	return &delivery{s: s, url: url, receipt: aws.ToString(sm.ReceiptHandle), sqsID: aws.ToString(sm.MessageId), msg: m, receiveCnt: rc,
 		firstRecv: msTime(sm.Attributes[string(types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp)])}
 }
 

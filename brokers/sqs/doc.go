@@ -59,7 +59,11 @@
 // at once. Messages received and not yet
 // handed out by Receive get a visibility heartbeat every third of the
 // deadline; Delivery.Extend (ChangeMessageVisibility) keeps the handed-out
-// ones. At most SubscribeOptions.Prefetch messages are received and not
+// ones. A buffered message received again anyway (its visibility ran out
+// before a heartbeat: a stalled process, or entries SQS refused, which are
+// logged) replaces its buffered copy, so a subscription never holds two
+// copies of a message it has not handed out, and the Ack uses the newest
+// receipt handle, the only one SQS promises to delete with. At most SubscribeOptions.Prefetch messages are received and not
 // settled. Message.Attempt is the receive count, so redeliveries count
 // (Capabilities.CountsRedeliveries). With SubscribeOptions.Ordered (FIFO
 // only; standard queues return broker.ErrUnsupported) a message is handed

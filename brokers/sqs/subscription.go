@@ -235,6 +235,7 @@ func (s *subscription) poll() {
 			}
 			return
 		}
+		got = s.replaceBufferedLocked(got)
 		s.buf = append(s.buf, got...)
 		s.signal()
 		s.mu.Unlock()
@@ -269,6 +270,40 @@ func (s *subscription) poll() {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// replaceBufferedLocked returns the deliveries of got that are not
+// already in the buffer. A message received again while an earlier
+// receive of it still waits in the buffer (its visibility timeout ran out
+// there: a heartbeat that came too late or that SQS refused) takes the
+// earlier one's place, since only the newest receipt handle deletes it
+// ("you must provide the most recently received receipt handle", SQS
+// Developer Guide, "Amazon SQS visibility timeout"), and gives back its
+// prefetch slot: one subscription never hands out two copies of a message
+// it has not handed out yet. A copy of a message already handed out is
+// handed out again (an at-least-once redelivery the worker's dedup
+// absorbs). s.mu must be held.
+func (s *subscription) replaceBufferedLocked(got []*delivery) []*delivery {
+	if len(s.buf) == 0 || len(got) == 0 {
+		return got
+	}
+	at := make(map[string]int, len(s.buf))
+	for i, d := range s.buf {
+		at[d.url+"\x00"+d.sqsID] = i
+	}
+	fresh := got[:0:0]
+	for _, d := range got {
+		i, ok := at[d.url+"\x00"+d.sqsID]
+		if !ok || d.sqsID == "" {
+			fresh = append(fresh, d)
+			continue
+		}
+		s.b.log.Warn("sqs: a buffered message was received again (its visibility timeout ran out before it was handed out); keeping the newest receipt",
+			"queue", s.qi.q.Name, "sqs_queue", s.qi.name, "id", d.msg.ID, "receive_count", d.receiveCnt)
+		s.buf[i] = d
+		s.inflight--
+	}
+	return fresh
 }
 
 // pollVisibility is the visibility timeout (seconds) a ReceiveMessage
@@ -307,9 +342,13 @@ func (s *subscription) extend(url string, ds []*delivery) {
 				Id: aws.String("h" + strconv.Itoa(j)), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: s.vis})
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, time.Duration(pollVisibility)*time.Second)
-		_, err := s.b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
+		out, err := s.b.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 			QueueUrl: aws.String(url), Entries: entries})
 		cancel()
+		if err == nil && len(out.Failed) > 0 {
+			f := out.Failed[0]
+			err = fmt.Errorf("%d of %d entries refused, first %s: %s", len(out.Failed), len(entries), aws.ToString(f.Code), aws.ToString(f.Message))
+		}
 		if err != nil && s.ctx.Err() == nil {
 			s.logErr("sqs: visibility heartbeat", err)
 		}

@@ -11,6 +11,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferrymq/ferry/bench/suite"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/kafka"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -90,10 +91,7 @@ func BenchmarkPublish(b *testing.B) {
 			tp := topology("kafka-bench")
 			require.NoError(b, bk.Declare(context.Background(), tp))
 			b.Cleanup(func() { deleteTopology(context.Background(), b, tp) })
-			// A transport of its own: kafka-go's shared DefaultTransport
-			// caches metadata that predates the topic.
-			w := &kafkago.Writer{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Balancer: &kafkago.Murmur2Balancer{}, Transport: &kafkago.Transport{},
-				BatchSize: 256, BatchBytes: 1 << 20, BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireAll} // BatchSize: the adapter's
+			w := suite.KafkaWriter(testenv.KafkaBrokers()...) // the adapter's writer settings, shared with ferry bench
 			defer w.Close()
 			topic := kafka.TopicName(tp.Exchange)
 			runBatches(b, shape.batch, shape.callers, func(first, n int) error {

@@ -3,6 +3,7 @@ package sqs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -284,17 +285,13 @@ func (s *subscription) poll() {
 // handed out again (an at-least-once redelivery the worker's dedup
 // absorbs). s.mu must be held.
 func (s *subscription) replaceBufferedLocked(got []*delivery) []*delivery {
-	if len(s.buf) == 0 || len(got) == 0 {
+	if len(s.buf) == 0 {
 		return got
 	}
-	at := make(map[string]int, len(s.buf))
-	for i, d := range s.buf {
-		at[d.url+"\x00"+d.sqsID] = i
-	}
-	fresh := got[:0:0]
+	fresh := got[:0]
 	for _, d := range got {
-		i, ok := at[d.url+"\x00"+d.sqsID]
-		if !ok || d.sqsID == "" {
+		i := slices.IndexFunc(s.buf, func(b *delivery) bool { return b.sqsID == d.sqsID && b.url == d.url })
+		if i < 0 || d.sqsID == "" {
 			fresh = append(fresh, d)
 			continue
 		}

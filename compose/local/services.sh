@@ -20,7 +20,8 @@
 # (git-ignored; override with FERRY_STATE_DIR); `reset` deletes it, to start
 # from scratch. Every command is idempotent. When a default port is
 # taken by a program that is not ours, another free port is chosen and
-# `env` reports it.
+# `env` reports it; a server that loses a newly chosen port to another
+# program before binding it is started again on the next free one.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -145,6 +146,7 @@ choose_port() {
 	others=$(for f in "$STATE"/ports/*; do [ -f "$f" ] && [ "$(basename "$f")" != "$key" ] && cat "$f"; done 2>/dev/null || true)
 	for p in $saved $def $(seq $((def + 1)) $((def + 200))); do
 		if grep -qx "$p" <<<"$others"; then continue; fi
+		case " $LOST_PORTS " in *" $p "*) continue ;; esac
 		if ! port_listening "$p"; then
 			if [ "$p" != "$def" ] && [ "$p" != "$saved" ]; then
 				say "$key: port $def is taken by another program; using $p"
@@ -155,6 +157,87 @@ choose_port() {
 		fi
 	done
 	die "$key: no free port near $def"
+}
+
+# The choice and the bind are two steps: choose_port finds a port free,
+# and the server binds it a moment later. Another program (a second
+# checkout's services.sh) can take the port in between, and the server
+# then dies with "address already in use". start_service retries that
+# start on the next free ports, so the server comes up all the same.
+
+# LOST_PORTS are ports a server of this run failed to bind; choose_port
+# skips them (a socket bound without listening is not seen by
+# port_listening).
+LOST_PORTS=""
+BIND_RETRIES=5
+declare -A LOG_SIZE=()
+
+# keys_of NAME: the port keys of NAME that are saved now.
+keys_of() {
+	local f
+	for f in "$STATE"/ports/*; do
+		[ -f "$f" ] || continue
+		[ "$(service_of_key "${f##*/}")" = "$1" ] && echo "${f##*/}"
+	done
+	return 0
+}
+
+# logs_of NAME: the files where NAME's server writes why it stopped.
+logs_of() {
+	case $1 in
+	postgres) pg_vars 2>/dev/null && echo "$PGLOG" ;;
+	rabbitmq) echo "$RMQ_LOG" "$STATE/rabbitmq.out" ;;
+	kafka) echo "$KAFKA_DIR/current.log" ;;
+	*) echo "$STATE/$1.log" ;;
+	esac
+	return 0
+}
+
+# lost_bind NAME: true if NAME's logs say, since LOG_SIZE was taken, that
+# an address was in use (PostgreSQL, Go and Java: "Address already in use";
+# Erlang: eaddrinuse).
+lost_bind() {
+	local log size
+	for log in $(logs_of "$1"); do
+		[ -f "$log" ] || continue
+		size=${LOG_SIZE[$log]:-0}
+		[ "$(stat -c %s "$log")" -ge "$size" ] || size=0 # truncated at start (kafka)
+		tail -c +$((size + 1)) "$log" | grep -qiE 'address already in use|eaddrinuse' && return 0
+	done
+	return 1
+}
+
+# start_service NAME: start_NAME, again on the next free ports (at most
+# BIND_RETRIES times) when the server lost the bind of a port this start
+# chose. A port saved by an earlier start is never moved (tests may have
+# it through `env`): losing it fails, as choose_port does.
+start_service() {
+	local name=$1 try rc saved fresh k log
+	for try in $(seq "$BIND_RETRIES"); do
+		saved=" $(keys_of "$name" | tr '\n' ' ') "
+		for log in $(logs_of "$name"); do LOG_SIZE[$log]=$(stat -c %s "$log" 2>/dev/null || echo 0); done
+		set +e
+		(
+			set -e
+			"start_$name"
+		)
+		rc=$?
+		set -e
+		[ "$rc" != 0 ] || return 0
+		lost_bind "$name" || exit "$rc"
+		fresh=""
+		for k in $(keys_of "$name"); do
+			case $saved in *" $k "*) ;; *) fresh="$fresh $k" ;; esac
+		done
+		[ -n "$fresh" ] || die "$name: lost the bind of a port it had before ($(for k in $(keys_of "$name"); do printf '%s=%s ' "$k" "$(saved_port "$k")"; done)); free it, or run '$0 down $name' to pick another"
+		if running "$name"; then (SQS_REAL_STOP=1 "stop_$name"); fi
+		for k in $fresh; do
+			LOST_PORTS="$LOST_PORTS $(saved_port "$k")"
+			rm -f "$STATE/ports/$k"
+		done
+		say "$name: another program took a port between its choice and the bind (attempt $try of $BIND_RETRIES); starting again on the next free ports"
+	done
+	die "$name: lost the bind of its ports $BIND_RETRIES times (ports$LOST_PORTS)"
 }
 
 # ------------------------------------------------------------ processes
@@ -1061,7 +1144,7 @@ case $cmd in
 up | start)
 	lock
 	ensure_packages "${names[@]}"
-	for n in "${names[@]}"; do "start_$n"; done
+	for n in "${names[@]}"; do start_service "$n"; done
 	;;
 stop)
 	lock
@@ -1092,7 +1175,7 @@ restart)
 	lock
 	ensure_packages "${names[@]}"
 	for n in "${names[@]}"; do "stop_$n"; done
-	for n in "${names[@]}"; do "start_$n"; done
+	for n in "${names[@]}"; do start_service "$n"; done
 	;;
 status)
 	for n in "${names[@]}"; do printf '%-9s %s\n' "$n" "$("status_$n")"; done

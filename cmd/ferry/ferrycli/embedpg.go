@@ -12,6 +12,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -64,7 +65,9 @@ func startEmbeddedPG(ctx context.Context, dataDir string, log *slog.Logger) (*em
 		Logger(logFile)
 	db := embeddedpostgres.NewDatabase(cfg)
 	log.Info("starting embedded PostgreSQL (downloads the binaries once into ~/.embedded-postgres-go)", "port", port, "data", filepath.Join(dataDir, "postgres"))
-	if err := db.Start(); err != nil {
+	removeLogs, err := startRemovingTempLogs(db.Start)
+	if err != nil {
+		removeLogs()
 		logFile.Close()
 		return nil, fmt.Errorf("ferry: embedded PostgreSQL: %w", err)
 	}
@@ -73,9 +76,59 @@ func startEmbeddedPG(ctx context.Context, dataDir string, log *slog.Logger) (*em
 		dir: dataDir,
 		stop: func() error {
 			defer logFile.Close()
+			defer removeLogs() // after Stop, which copies the rest of the file to logFile
 			return db.Stop()
 		},
 	}, nil
+}
+
+// pgTempLogPrefix begins the name of the file that embedded-postgres
+// creates at every Start with os.CreateTemp("", pgTempLogPrefix), in the
+// system temp folder, for initdb's and pg_ctl's output (copied to the
+// configured Logger). The library (v1.34.0) has no option for where the
+// file goes and never removes it; startRemovingTempLogs does.
+const pgTempLogPrefix = "embedded_postgres_log"
+
+// startRemovingTempLogs runs start (an embedded-postgres Start) and
+// returns a function that removes the temp log files start created: the
+// ones this process has open after start and did not have open before
+// (read from /proc/self/fd; where that does not exist, as on macOS,
+// nothing is found and the files stay). Call the function once the
+// library no longer reads the file: after Stop, or at once when start
+// failed. Two Starts running at once in one process would each remove
+// the other's file too, which only loses that file's last lines.
+func startRemovingTempLogs(start func() error) (remove func(), err error) {
+	before := openPGTempLogs()
+	err = start()
+	var created []string
+	for p := range openPGTempLogs() {
+		if !before[p] {
+			created = append(created, p)
+		}
+	}
+	return func() {
+		for _, p := range created {
+			_ = os.Remove(p)
+		}
+	}, err
+}
+
+// openPGTempLogs returns the paths of the embedded-postgres temp log files
+// this process has open.
+func openPGTempLogs() map[string]bool {
+	const fdDir = "/proc/self/fd"
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil
+	}
+	open := map[string]bool{}
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
+		if err == nil && strings.HasPrefix(filepath.Base(target), pgTempLogPrefix) && !strings.HasSuffix(target, " (deleted)") {
+			open[target] = true
+		}
+	}
+	return open
 }
 
 // startEmbeddedPGAsNobody runs initdb and pg_ctl as user nobody. The
@@ -202,7 +255,8 @@ func ensurePGBinaries(binDir string) error {
 	}
 	// As root, Start downloads and extracts the binaries, then fails at
 	// initdb ("cannot be run as root"); only the binaries are wanted here.
-	startErr := embeddedpostgres.NewDatabase(cfg).Start()
+	removeLogs, startErr := startRemovingTempLogs(embeddedpostgres.NewDatabase(cfg).Start)
+	removeLogs() // as root Start stops at initdb: the library reads its log file no more
 	if _, err := os.Stat(filepath.Join(extracted, "bin", "pg_ctl")); err != nil {
 		return fmt.Errorf("ferry: embedded PostgreSQL: binaries not extracted: %w", errors.Join(startErr, err))
 	}

@@ -320,6 +320,10 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // every RetentionInterval. Unreachable brokers and databases are waited
 // out with backoff, not returned. Run returns an error only when the
 // broker was closed (broker.ErrClosed) or when it is already running.
+// It logs "outbox: relay: started" (with the broker, batch size,
+// concurrency, poll interval and retention) and "outbox: relay: stopped"
+// at INFO on RelayConfig.Logger, as worker.Worker.Run logs "worker:
+// started" and "worker: stopped".
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: relay: Run called while already running")
@@ -362,7 +366,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 	}
 	r.signal()
+	r.log.Info("outbox: relay: started", "broker", r.brokerName, "batch_size", r.cfg.BatchSize,
+		"concurrency", r.cfg.Concurrency, "poll_interval", r.cfg.PollInterval, "retention", r.cfg.Retention)
 	wg.Wait()
+	r.log.Info("outbox: relay: stopped", "broker", r.brokerName)
 	return fatalErr
 }
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -139,4 +140,18 @@ func TestDemoEarlyStopSummaryMatchesDatabase(t *testing.T) {
 	require.Equal(t, n, summaryCount(t, out, "accepted"), "the summary counts every notification the API accepted")
 	require.Equal(t, n, summaryCount(t, out, "still pending"))
 	require.Equal(t, summaryCount(t, out, "posted"), n+summaryCount(t, out, "rejected"))
+
+	// The summary lists the first 20 still pending, by id with their
+	// status and attempts, and counts the rest.
+	listed := regexp.MustCompile(`(?m)^\s+id (\d+)\s+(\w+), (\d+) attempt\(s\)`).FindAllStringSubmatch(out, -1)
+	require.Len(t, listed, min(n, 20), "the pending notifications are listed, at most 20:\n%s", out)
+	for _, m := range listed {
+		var status string
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT status FROM notifications WHERE id = $1`, m[1]).Scan(&status))
+		require.Equal(t, "pending", status, "notification %s", m[1])
+		require.Equal(t, status, m[2])
+	}
+	if n > 20 {
+		require.Regexp(t, fmt.Sprintf(`(?m)^\s+…and %d more$`, n-20), out)
+	}
 }

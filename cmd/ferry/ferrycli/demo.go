@@ -237,6 +237,12 @@ loop:
 		retryDelays: s.retryDelays, maxAttempts: s.maxAttempts,
 	}
 	sum.p50, sum.p99, sum.deadReasons, _ = latencyAndReasons(qctx, st, ids)
+	if cnt.accepted > cnt.sent+cnt.dead {
+		var err error
+		if sum.pending, err = pendingNotifications(qctx, st, ids, maxPendingListed); err != nil {
+			log.Warn("demo: listing the pending notifications", "error", err)
+		}
+	}
 	cancel()
 
 	stopRun()
@@ -393,6 +399,40 @@ func latencyAndReasons(ctx context.Context, st *stack, ids []int64) (p50, p99 ti
 	return p50, p99, reasons, rows.Err()
 }
 
+// maxPendingListed bounds the notifications the summary lists as still
+// pending; it counts the rest.
+const maxPendingListed = 20
+
+// pendingNotification is one notification the demo left neither sent nor
+// dead.
+type pendingNotification struct {
+	id        int64
+	status    string
+	attempts  int
+	lastError string
+}
+
+// pendingNotifications returns the first limit of ids (by id) that are
+// neither sent nor dead.
+func pendingNotifications(ctx context.Context, st *stack, ids []int64, limit int) ([]pendingNotification, error) {
+	rows, err := st.pool.Query(ctx, `
+		SELECT id, status, attempts, COALESCE(last_error, '') FROM notifications
+		WHERE id = ANY($1) AND status NOT IN ('sent', 'dead') ORDER BY id LIMIT $2`, ids, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []pendingNotification
+	for rows.Next() {
+		var n pendingNotification
+		if err := rows.Scan(&n.id, &n.status, &n.attempts, &n.lastError); err != nil {
+			return out, err
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
 // idRE finds the ids in error texts, so the dead notifications' reasons
 // group by cause.
 var idRE = regexp.MustCompile(`\b(notification|message|id) \d+`)
@@ -407,6 +447,7 @@ type summary struct {
 	elapsed     time.Duration
 	p50, p99    time.Duration
 	deadReasons map[string]int
+	pending     []pendingNotification // the first maxPendingListed still pending
 	where       *where
 	retryDelays []time.Duration
 	maxAttempts int
@@ -444,6 +485,16 @@ func (s *summary) print(w io.Writer, failure error) {
 			where = "in the embedded database, which is removed at exit: run the demo with --data-dir to keep it"
 		}
 		row("still pending", fmt.Sprintf("%d  (%s)", pending, where))
+		for _, n := range s.pending {
+			line := fmt.Sprintf("  id %-6d %s, %d attempt(s)", n.id, n.status, n.attempts)
+			if n.lastError != "" {
+				line += ", last error: " + clipText(n.lastError, 80)
+			}
+			row("", line)
+		}
+		if more := pending - len(s.pending); more > 0 && len(s.pending) > 0 {
+			row("", fmt.Sprintf("  …and %d more", more))
+		}
 	}
 	row("duplicates absorbed", fmt.Sprintf("%d  (deliveries of an already processed message ID, acked without sending)", s.duplicates))
 	final := c.sent + c.dead

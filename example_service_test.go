@@ -26,7 +26,8 @@ type OrderPlaced struct {
 	Email   string `json:"email"`
 }
 
-// migrate creates ferry's tables (outbox, processed_messages) and yours.
+// migrate creates ferry's tables (outbox, processed_messages,
+// worker_attempts) and yours.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err

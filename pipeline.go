@@ -21,7 +21,8 @@ import (
 // the ferry command uses for the matching flag.
 type Config struct {
 	// Pool is the PostgreSQL pool holding the outbox and
-	// processed_messages (outbox.Migrate) and the handlers' tables.
+	// processed_messages and worker_attempts (outbox.Migrate) and the
+	// handlers' tables.
 	// Required. Size it for the relay (outbox.RelayConfig.Pool) plus each
 	// worker's Concurrency.
 	Pool *pgxpool.Pool

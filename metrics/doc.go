@@ -6,15 +6,20 @@
 //
 //	ferry_outbox_unprocessed_rows                  gauge      rows not yet published
 //	ferry_outbox_oldest_unprocessed_age_seconds    gauge      age of the oldest of them
+//	ferry_outbox_parked_rows                       gauge      of them, rows the broker refused for a reason
+//	                                                          of their own, retried with backoff (with an
+//	                                                          OutboxStatsFunc: NewOutboxStatsCollector)
 //	ferry_relay_published_total                    counter    rows published (broker-confirmed)
 //	ferry_relay_publish_errors_total               counter    rows whose publication failed
 //	ferry_relay_batch_duration_seconds             histogram  one relay batch, claim to commit
 //	ferry_worker_messages_total{outcome}           counter    deliveries settled, by outcome:
-//	                                                          ack, retry, dead, duplicate
+//	                                                          ack, retry, dead, duplicate, unsettled
+//	                                                          (a retry or dead letter the broker did not
+//	                                                          take: it redelivers the message)
 //	ferry_worker_handler_duration_seconds          histogram  one handling attempt
 //	ferry_worker_end_to_end_latency_seconds        histogram  outbox row created -> handled
 //
-// The two outbox gauges are read from the database at scrape time by an
+// The outbox gauges are read from the database at scrape time by an
 // OutboxCollector (with a short timeout), so they are right on every
 // replica, even one whose relay is idle, and cost nothing between scrapes.
 // The relay and worker series are fed by the hooks of those packages:

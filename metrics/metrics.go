@@ -100,7 +100,7 @@ func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
 		}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: WorkerMessagesTotal,
-			Help: "Deliveries the worker settled, by outcome (ack, retry, dead, duplicate).",
+			Help: "Deliveries the worker settled, by outcome (ack, retry, dead, duplicate, unsettled).",
 		}, []string{OutcomeLabel}),
 		handlerSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    WorkerHandlerDuration,
@@ -211,8 +211,9 @@ type OutboxStatsFunc func(ctx context.Context) (OutboxStats, error)
 
 // OutboxCollector is a prometheus.Collector that calls a StatsFunc at
 // every scrape and exports ferry_outbox_unprocessed_rows and
-// ferry_outbox_oldest_unprocessed_age_seconds. When the StatsFunc fails or
-// exceeds its timeout, the scrape omits both series (the error is logged
+// ferry_outbox_oldest_unprocessed_age_seconds, and ferry_outbox_parked_rows
+// when made by NewOutboxStatsCollector. When the StatsFunc fails or
+// exceeds its timeout, the scrape omits these series (the error is logged
 // by Handler) instead of exporting a stale or zero value.
 type OutboxCollector struct {
 	stats   OutboxStatsFunc

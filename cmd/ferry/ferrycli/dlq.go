@@ -28,7 +28,7 @@ const (
 )
 
 func formatFlag() cli.Flag {
-	return &cli.StringFlag{Name: flagFormat, Value: "table", Usage: "output format: table or json"}
+	return &cli.StringFlag{Name: flagFormat, Value: "table", EnvVars: env(flagFormat), Usage: "output format: table or json"}
 }
 
 // dlqFlags are the flags every dlq subcommand takes: the broker and the
@@ -43,7 +43,7 @@ func dlqFlags() []cli.Flag {
 			f = &cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay), Hidden: true, Usage: "ignored: the dlq commands declare nothing"}
 		case slices.Contains(f.Names(), flagExchange):
 			f = &cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange),
-				Usage: "NATS: the exchange (stream) of --queue; when not given, every exchange on the server is searched for the queue. RabbitMQ: not needed"}
+				Usage: "NATS and SQS: the exchange of --queue (NATS: its stream; SQS: the <exchange>__ prefix of its queue names); when not given, every exchange on the server is searched for the queue. RabbitMQ and Kafka: not needed (the DLQ is named after the queue alone)"}
 		}
 		flags = append(flags, f)
 	}

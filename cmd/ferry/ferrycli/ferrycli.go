@@ -6,9 +6,14 @@
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
 // process), demo, dlq list|replay|purge, replay --since (brokers with the
 // Replay capability: Kafka), outbox stats and bench (the broker comparison
-// of package bench/suite). Every flag can also be set by an environment
-// variable FERRY_<FLAG_NAME> (for example --database-url and
-// FERRY_DATABASE_URL).
+// of package bench/suite). A flag can also be set by an environment
+// variable (the README's "Flags" states the rule, and readme_test.go
+// checks it): FERRY_<FLAG_NAME> (for example --database-url and
+// FERRY_DATABASE_URL), FERRY_DEMO_<FLAG_NAME> and FERRY_BENCH_<FLAG_NAME>
+// for the flags of demo and bench alone (--file, --timeout, --clients;
+// --brokers, --messages, ...), and none for the flags that choose what a
+// dlq, outbox or replay command acts on or confirms (--id, --all, --yes,
+// --dry-run, --since, --limit, --error-contains, --app-id).
 //
 // demo, run and bench start embedded servers for what the flags leave out
 // (bench: PostgreSQL, and NATS when --brokers is not given):
@@ -92,7 +97,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 	a := &cli.App{
 		Name:  "ferry",
 		Usage: "transactional outbox to message broker, idempotent workers, and a sample notification service",
-		Description: "Every flag can also be set by its environment variable (shown as [$FERRY_...]).\n" +
+		Description: "A flag can also be set by its environment variable, shown as [$FERRY_...] in a command's help.\n" +
 			"demo and run start embedded PostgreSQL, NATS and an SMTP sink for what their flags leave out;\n" +
 			"the other commands default to the servers on 127.0.0.1 (PostgreSQL, RabbitMQ, Mailpit).",
 		Writer:                 stdout,
@@ -262,7 +267,7 @@ func redactURL(raw string) string {
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
-		Usage: "apply the database migrations (outbox, processed_messages, notifications)",
+		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, notifications)",
 		Flags: concat(databaseFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")

@@ -45,9 +45,9 @@
 // with kafka.Writer. A Publish assigns each record to a partition
 // (murmur2 on the Key) and sends up to 256 records, and at most
 // message.max.bytes, of one partition per request, a partition's requests
-// one after the other, in order (a failed request stops its partition),
-// partitions concurrently; it returns nil only when the broker
-// acknowledged every record. (The Writer's former BatchSize of 100000 made
+// one after the other, in order (a request that fails for another reason
+// than its records stops its partition), partitions concurrently; it
+// returns nil only when the broker acknowledged every record. (The Writer's former BatchSize of 100000 made
 // kafka-go allocate a slice of BatchSize records for every batch however
 // few it held, 15 MB per partition per Publish: measured in one session
 // with bench's EndToEnd/kafka (relay batches of about 8 rows), the

@@ -47,7 +47,8 @@ const (
 // partition's records go in chunks of at most writerBatchSize records and
 // message.max.bytes bytes, a partition's chunks one after the other (so
 // per-key order holds: a chunk that fails stops the partition, and the
-// records after it are not sent), partitions concurrently. Each chunk is
+// records after it are not sent, unless the broker refused the chunk's
+// records for themselves, see messageError), partitions concurrently. Each chunk is
 // one kafka.Client.Produce bound to ctx, so when ctx ends nothing of recs
 // stays queued in the client or is sent later.
 //
@@ -137,7 +138,7 @@ type topicPartition struct {
 // producePartition sends the records idx of recs, all of partition k, in
 // chunks, sets errs of each record not stored and returns the error that
 // stopped the partition, or nil.
-func (b *kafkaBroker) producePartition(ctx context.Context, k topicPartition, recs []kafkago.Message, idx []int, errs []error) error {
+func (b *kafkaBroker) producePartition(ctx context.Context, k topicPartition, recs []kafkago.Message, idx []int, errs []error) (failed error) {
 	limit := b.maxBytes - recordBatchOverhead
 	for start := 0; start < len(idx); {
 		end, size := start, 0
@@ -150,6 +151,17 @@ func (b *kafkaBroker) producePartition(ctx context.Context, k topicPartition, re
 			end++
 		}
 		if err := b.produceChunk(ctx, k, recs, idx[start:end]); err != nil {
+			if _, fault := messageError(err); fault {
+				// The broker refused these records for themselves (too
+				// large, invalid): they are not stored, the partition's
+				// next records are sent.
+				for _, i := range idx[start:end] {
+					errs[i] = err
+				}
+				failed = err
+				start = end
+				continue
+			}
 			// Not stored, nor anything of the partition after it: per-key
 			// order holds.
 			for _, i := range idx[start:] {
@@ -159,7 +171,7 @@ func (b *kafkaBroker) producePartition(ctx context.Context, k topicPartition, re
 		}
 		start = end
 	}
-	return nil
+	return failed
 }
 
 // produceChunk sends one produce request of the records idx of recs to

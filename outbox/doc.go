@@ -73,7 +73,16 @@
 //     ends the outage ("publishing again"). An outage of any length thus
 //     adds 0 attempts, and costs one failed batch per pause (about 6 in the
 //     first 3 s, then one per MaxBackoff, plus the batches in flight when
-//     it began). A database outage is waited out the same way.
+//     it began). A database outage is waited out the same way. A failed
+//     probe's publish is abandoned by the adapter, not kept: no adapter
+//     queues it to send again later (the Kafka adapter does not use
+//     kafka-go's Writer, which did; the NATS adapter does not publish into
+//     nats.go's reconnect buffer), so memory does not grow with the
+//     outage, and once the broker is back a row is in it at most once per
+//     failed probe plus once (a broker that stopped answering may still
+//     store a request it had already received; on SQS the SDK's own
+//     retries of a call that failed after reaching the server may add one
+//     per retry; consumers deduplicate).
 //   - Rows are claimed by id, not by a high-water mark, so a row whose id
 //     is lower than an already published one (its transaction committed
 //     later) is still found.

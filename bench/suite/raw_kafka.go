@@ -45,7 +45,8 @@ func newKafkaRawClient(ctx context.Context, url string) (*kafkaRawClient, error)
 }
 
 // KafkaWriter is a segmentio/kafka-go Writer on the brokers at addrs
-// (host:port) with the Kafka adapter's settings: RequiredAcks RequireAll,
+// (host:port) with the settings of the Kafka adapter's produce requests
+// (the adapter sends them itself, without a Writer): RequiredAcks RequireAll,
 // synchronous, murmur2 on the key, BatchSize 256 records (brokers/kafka
 // writerBatchSize), BatchBytes 1 MiB, BatchTimeout 1 ms, and a transport
 // of its own (kafka-go's shared DefaultTransport caches metadata that may

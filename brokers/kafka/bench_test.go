@@ -61,8 +61,9 @@ func runBatches(b *testing.B, batch, callers int, publish func(first, n int) err
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 }
 
-// BenchmarkPublish compares the adapter's Publish with kafka-go's Writer
-// writing the same records with the same settings (RequireAll,
+// BenchmarkPublish compares the adapter's Publish (its own produce
+// requests, see produce) with kafka-go's Writer writing the same records
+// with the same settings (RequireAll,
 // synchronous, murmur2, BatchTimeout 1 ms, BatchSize 256), in the relay's batch shapes:
 // what the adapter costs on top of kafka-go, without the relay's database
 // work. Run with -benchtime 20000x.

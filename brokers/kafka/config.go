@@ -24,7 +24,8 @@ type Config struct {
 	// want 3 (with min.insync.replicas=2, so RequireAll means two copies).
 	ReplicationFactor int
 	// PublishTimeout bounds a Publish (and a retry or DLQ write) whose
-	// context has no deadline. Defaults to 30s.
+	// context has no deadline, and each produce request of one. Defaults
+	// to 30s.
 	PublishTimeout time.Duration
 	// DialTimeout bounds a TCP connection to a broker. Defaults to 5s.
 	DialTimeout time.Duration

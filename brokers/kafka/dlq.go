@@ -243,7 +243,7 @@ func (q *dlq) Replay(ctx context.Context, ids []string) ([]string, error) {
 		delete(hs, broker.HeaderDeadAt)
 		recs = append(recs, toRecord(e.work, m, hs, kafkago.Header{Key: hdrQueue, Value: []byte(q.queue)}))
 	}
-	if err := q.b.writer.WriteMessages(ctx, recs...); err != nil {
+	if err := q.b.produce(ctx, recs); err != nil {
 		return nil, q.closedOr(fmt.Errorf("kafka: DLQ %s: replay to the work topic: %w", q.topic, err))
 	}
 	done := make([]string, len(es))
@@ -283,7 +283,7 @@ func (q *dlq) tombstones(ctx context.Context, ids []string) error {
 	for i, id := range ids {
 		recs[i] = tombstone(q.topic, id)
 	}
-	return q.b.writer.WriteMessages(ctx, recs...)
+	return q.b.produce(ctx, recs)
 }
 
 // ReplaySince resets the committed offsets of queue's consumer group on

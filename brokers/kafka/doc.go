@@ -39,20 +39,48 @@
 //
 // # Publish
 //
-// One kafka.Writer with RequiredAcks: RequireAll (acks=all: every in-sync
-// replica has the record; with min.insync.replicas=2 on a 3-broker cluster
-// that is two copies), never Async, BatchTimeout 1 ms, BatchSize 256. A
-// Publish writes the whole batch with one WriteMessages and returns nil
-// only when the broker acknowledged every record; the writer sends up to
-// 256 records of one partition per produce request and a partition's
-// requests one after the other, in order. BatchSize was 100000, but
-// kafka-go allocates a slice of BatchSize records for every batch however
-// few it holds (15 MB per partition per Publish): measured in one session
+// The adapter sends its produce requests itself with kafka.Client.Produce
+// (acks=all: every in-sync replica has the record; with
+// min.insync.replicas=2 on a 3-broker cluster that is two copies), not
+// with kafka.Writer. A Publish assigns each record to a partition
+// (murmur2 on the Key) and sends up to 256 records, and at most
+// message.max.bytes, of one partition per request, a partition's requests
+// one after the other, in order (a request that fails for another reason
+// than its records stops its partition), partitions concurrently; it
+// returns nil only when the broker acknowledged every record. (The Writer's former BatchSize of 100000 made
+// kafka-go allocate a slice of BatchSize records for every batch however
+// few it held, 15 MB per partition per Publish: measured in one session
 // with bench's EndToEnd/kafka (relay batches of about 8 rows), the
-// process's CPU fell from 1.03-1.22 to 0.30-0.42 CPU-s per 1,000 events
-// and end to end rose from 520-920 to 1,190-1,550 events/s; the relay
+// process's CPU fell from 1.03-1.22 to 0.30-0.42 CPU-s per 1,000 events at
+// 256 and end to end rose from 520-920 to 1,190-1,550 events/s; the relay
 // alone (RelayThroughput, batches of 500) rose from 18,800 to 54,200
-// rows/s. Messages the adapter refuses itself (too
+// rows/s.)
+//
+// A timed-out or cancelled publish is abandoned, not kept. Each produce
+// request is bound to the Publish's ctx, so when ctx ends (the relay's
+// PublishTimeout during an outage, a shutdown, Close) Publish returns and
+// nothing of the batch stays queued in the client or is sent again after
+// Publish returned; the memory of the request in flight is freed at ctx's
+// deadline (or Config.PublishTimeout) at the latest. (kafka.Writer
+// keeps a batch whose WriteMessages returned ctx's error, retries it with
+// a timeout of its own and writes it when the broker is back, kafka-go
+// issue 1427: during an outage every relay probe added a batch to its
+// queue, +7 MB per probe with large rows and no plateau, and every queued
+// batch arrived next to the relay's own republish, 18-28 copies per row
+// after a 5-minute blackhole.) What no client can take back: a request
+// already written to the broker's socket when ctx ended (a broker that
+// stopped answering, not one that refuses connections) may still be
+// stored when the broker reads it. A row republished after an outage is
+// therefore in the topic at most once per failed publish plus once;
+// consumers deduplicate on Message.ID. Within one Publish, a request is
+// sent again (up to 10 requests, 20 to 500 ms apart, within ctx) only when
+// it is known not to be stored: the broker refused it before the append
+// with a retriable error (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE,
+// NOT_ENOUGH_REPLICAS...) or no connection could be opened; a request that
+// timed out or whose connection broke is not. Retry, DeadLetter, the retry
+// forwarder and the DLQ's Replay and Purge write the same way.
+//
+// Messages the adapter refuses itself (too
 // large, malformed, unroutable) and records the broker refuses one by one
 // (MESSAGE_TOO_LARGE, INVALID_RECORD) are entries of a
 // *broker.PublishError whose errors broker.IsMessageFault recognises

@@ -18,15 +18,14 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
-// writerBatchSize is the Writer's BatchSize: at most that many records of
-// one partition go in one produce request; more are sent as further
-// requests of that partition, one after the other (kafka-go writes a
-// partition's batches in order, so per-key order holds), and WriteMessages
-// still returns only when all are acknowledged. kafka-go allocates a slice
-// of BatchSize records (152 bytes each) for every batch however few it
-// holds: the former 100000 cost 15 MB of zeroed, GC-scanned memory per
-// partition per Publish. 256 holds the relay's default batch (100) in one
-// request per partition, and a 500-row batch spread over 3 partitions.
+// writerBatchSize is the most records of one partition that go in one
+// produce request (see produce); more are sent as further requests of that
+// partition, one after the other, so per-key order holds, and a write
+// returns only when all are acknowledged. 256 holds the relay's default
+// batch (100) in one request per partition, and a 500-row batch spread
+// over 3 partitions. (With kafka-go's Writer, which the adapter used
+// before, the former BatchSize of 100000 cost 15 MB of zeroed memory per
+// partition per Publish.)
 const writerBatchSize = 256
 
 // recordOverheadBytes is what the adapter keeps back from the broker's
@@ -48,7 +47,7 @@ type kafkaBroker struct {
 	transport   *kafkago.Transport
 	client      *kafkago.Client
 	dialer      *kafkago.Dialer
-	writer      *kafkago.Writer
+	balancer    kafkago.Murmur2Balancer // the partitioner of produce
 	caps        broker.Capabilities
 	maxBytes    int // the broker's message.max.bytes
 	replication int
@@ -121,29 +120,6 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	if err := b.readBrokerConfig(ctx); err != nil {
 		transport.CloseIdleConnections()
 		return nil, err
-	}
-	b.writer = &kafkago.Writer{
-		Addr:     addr,
-		Balancer: &kafkago.Murmur2Balancer{},
-		// Everything of one Publish goes out in one WriteMessages; the
-		// writer groups it by partition. A short BatchTimeout so a batch is
-		// sent as soon as it is complete (the default of 1 s would delay
-		// every synchronous write). BatchSize: see writerBatchSize.
-		BatchSize:       writerBatchSize,
-		BatchBytes:      int64(b.maxBytes),
-		BatchTimeout:    time.Millisecond,
-		MaxAttempts:     10,
-		WriteBackoffMin: 20 * time.Millisecond,
-		WriteBackoffMax: 500 * time.Millisecond,
-		WriteTimeout:    cfg.PublishTimeout,
-		ReadTimeout:     cfg.PublishTimeout,
-		// Every in-sync replica must have the record before the write
-		// returns (acks=all); never Async, so WriteMessages returns the
-		// broker's answer.
-		RequiredAcks:           kafkago.RequireAll,
-		Async:                  false,
-		AllowAutoTopicCreation: false,
-		Transport:              transport,
 	}
 	b.caps = broker.Capabilities{
 		Name:            "kafka",
@@ -481,7 +457,8 @@ func (b *kafkaBroker) redeclare(ctx context.Context, exchange string) error {
 	defer b.declMu.Unlock()
 	b.log.Warn("topics missing; declaring them again", "exchange", exchange)
 	err := b.ensureTopics(ctx, b.specsFor(t))
-	// Drop the writer's cached metadata, so it sees the topics at once.
+	// Drop the transport's cached metadata, so produce sees the topics at
+	// once.
 	b.transport.CloseIdleConnections()
 	return err
 }
@@ -507,8 +484,10 @@ func (b *kafkaBroker) opContext(ctx context.Context) (context.Context, context.C
 }
 
 // Close closes every subscription's consumer group (leaving the group, so
-// unsettled messages go to another member at once), then the writer. It
-// returns within about 5s even when the cluster is unreachable.
+// unsettled messages go to another member at once) and ends the writes
+// in flight (their produce requests are bound to a context Close ends;
+// nothing is flushed later). It returns within about 5s even when the
+// cluster is unreachable.
 func (b *kafkaBroker) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
@@ -529,7 +508,6 @@ func (b *kafkaBroker) Close() error {
 			go func() { defer wg.Done(); s.shutdown() }()
 		}
 		wg.Wait()
-		_ = b.writer.Close()
 		close(finished)
 	}()
 	select {

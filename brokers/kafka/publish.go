@@ -98,7 +98,8 @@ func (b *kafkaBroker) check(m *broker.Message) error {
 }
 
 // Publish writes the batch to the work topic of the last declared
-// exchange with one WriteMessages (acks=all, synchronous). Messages whose
+// exchange (acks=all, synchronous, one produce request per partition and
+// 256 records, see produce). Messages whose
 // Type no declared queue of the exchange is bound to fail with
 // broker.ErrUnroutable, too large ones with broker.ErrMessageTooLarge,
 // malformed ones with broker.ErrInvalidMessage; all three are entries of a
@@ -106,7 +107,11 @@ func (b *kafkaBroker) check(m *broker.Message) error {
 // for itself (MESSAGE_TOO_LARGE, INVALID_RECORD) is an entry too. Any other
 // failure (broker down, topic missing after a re-declare, ctx ended) is a
 // plain error: none of the batch is known to be stored. A deleted work
-// topic is declared again once and the write retried, within ctx.
+// topic is declared again once and the write retried, within ctx. When
+// ctx ends (or the broker is closed) the write is abandoned: nothing of
+// the batch stays queued in the client or is sent after Publish returned;
+// a produce request already on the wire may still be stored by the
+// broker (one copy per Publish at most).
 func (b *kafkaBroker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	if b.closed.Load() {
 		return broker.ErrClosed
@@ -185,16 +190,16 @@ func routable(queues []broker.Queue, typ string) bool {
 	return false
 }
 
-// write writes recs with one WriteMessages. When a topic is missing (an
-// operator deleted it), it declares the exchange's topology again and
-// writes once more.
+// write writes recs (see produce). When a topic is missing (an operator
+// deleted it), it declares the exchange's topology again and writes once
+// more.
 func (b *kafkaBroker) write(ctx context.Context, exchange string, recs []kafkago.Message) error {
-	err := b.writer.WriteMessages(ctx, recs...)
+	err := b.produce(ctx, recs)
 	if err != nil && missingTopic(err) && ctx.Err() == nil && exchange != "" {
 		if derr := b.redeclare(ctx, exchange); derr != nil {
 			return errors.Join(err, derr)
 		}
-		err = b.writer.WriteMessages(ctx, recs...)
+		err = b.produce(ctx, recs)
 	}
 	return err
 }
@@ -218,7 +223,7 @@ func messageError(err error) (error, bool) {
 	return nil, false
 }
 
-// perMessage splits a WriteMessages error into per-record errors when
+// perMessage splits a produce error into per-record errors when
 // every failure is the refusal of one record; ok is false when any
 // failure is not (a broker outage, a missing topic, ctx): that is a plain
 // error for the whole batch.

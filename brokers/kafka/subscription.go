@@ -524,7 +524,7 @@ func (s *subscription) wants(m *broker.Message, internal map[string]string) bool
 }
 
 // forwardBatch is the most records the retry forwarder writes back with
-// one WriteMessages: the writer's BatchSize (writerBatchSize).
+// one write: one produce request per partition (writerBatchSize).
 const forwardBatch = writerBatchSize
 
 // forwardDrain is how long the retry forwarder waits for one more record
@@ -534,7 +534,7 @@ const forwardDrain = 2 * time.Millisecond
 // forward reads one retry-topic partition for one generation: it waits
 // until the head record is due, writes it back to the work topic for this
 // queue only, together with the records behind it that are due too (at
-// most forwardBatch, in one WriteMessages, as the relay publishes), and
+// most forwardBatch, in one write, as the relay publishes), and
 // commits past them. Records that fall due together (a burst of retries
 // of one level) thus come back together, not one acks=all round trip
 // after another. Each partition (and each level, a topic of its own) has

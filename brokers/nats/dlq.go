@@ -312,6 +312,9 @@ func (q *deadLetterQueue) Replay(ctx context.Context, ids []string) ([]string, e
 			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s: %w", q.queue, m.ID, err)
 		}
 		h[jetstream.MsgIDHeader] = []string{fmt.Sprintf("replay:%s:%d:%s", p.consumer, e.seq, m.ID)}
+		if err := q.b.connected(ctx); err != nil {
+			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s to %s: %w", q.queue, m.ID, p.replay, err)
+		}
 		if _, err := q.b.js.PublishMsg(ctx, &natsgo.Msg{Subject: p.replay, Header: h, Data: m.Body}); err != nil {
 			return replayed, fmt.Errorf("nats: DLQ of %s: replay %s to %s: %w", q.queue, m.ID, p.replay, err)
 		}

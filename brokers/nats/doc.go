@@ -30,6 +30,17 @@
 // Publish checks the Type against the declared bindings itself and
 // reports broker.ErrUnroutable.
 //
+// While the connection is down (reconnecting), Publish, DeadLetter and DLQ
+// replay wait for it to come back, until their ctx ends, instead of
+// handing messages to nats.go's reconnect buffer: that buffer (8 MB) and
+// the async PubAck futures would keep a publish the caller gave up on in
+// memory and send it after the reconnect, next to the relay's republish.
+// A publish written in the instant the connection drops, or to a server
+// that stopped answering but whose connection is still open, may still
+// be stored when the server reads it (at most once per Publish; the
+// duplicate window drops the copy). Acks are still buffered: one sent
+// after the reconnect is still valid.
+//
 // Concurrent Publish calls share the connection and do not wait for each
 // other: each call waits only for the PubAcks of its own messages (routed
 // to it by the client's ack and error handlers), never for the

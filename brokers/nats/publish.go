@@ -139,7 +139,7 @@ func (b *natsBroker) publishBatch(ctx context.Context, msgs []*broker.Message) e
 			continue
 		}
 		if _, err := b.publishAsync(ctx, nm); err != nil {
-			if ctx.Err() != nil || b.isClosed() {
+			if ctx.Err() != nil || b.isClosed() || errors.Is(err, natsgo.ErrConnectionReconnecting) {
 				stop = err
 			}
 			b.acks.settle(nm, err)
@@ -278,6 +278,9 @@ func (t *ackTracker) abandon(batch *pubBatch, wire []natsgo.Msg) {
 // client's default stall waits, rather than passing a per-message
 // WithStallWait option (which costs an option allocation per message).
 func (b *natsBroker) publishAsync(ctx context.Context, nm *natsgo.Msg) (jetstream.PubAckFuture, error) {
+	if err := b.connected(ctx); err != nil {
+		return nil, err
+	}
 	for {
 		f, err := b.js.PublishMsgAsync(nm)
 		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
@@ -289,6 +292,38 @@ func (b *natsBroker) publishAsync(ctx context.Context, nm *natsgo.Msg) (jetstrea
 		case <-b.closeCh:
 			return nil, fmt.Errorf("%w (%w)", err, broker.ErrClosed)
 		default:
+		}
+	}
+}
+
+// connected returns nil once the connection is up: at once when it is,
+// else when it is back (checked every 20 ms) or, when ctx ends or the
+// connection is closed first, why nothing was published. nats.go keeps
+// what is published while the connection is down in its reconnect buffer
+// (ReconnectBufSize, 8 MB) and sends it once it reconnects, long after
+// the Publish that sent it gave up waiting for its PubAck and the relay
+// took the rows for unpublished: a publish ferry gave up on would be held
+// in memory and delivered later (issue 16, item 3). So the adapter waits
+// for the connection instead of publishing into that buffer; a message
+// published in the instant the connection drops may still be buffered (at
+// most once per Publish), and the stream's duplicate window drops its
+// copy. Acks still go through the buffer: one sent after the reconnect is
+// still valid.
+func (b *natsBroker) connected(ctx context.Context) error {
+	for {
+		switch st := b.nc.Status(); st {
+		case natsgo.CONNECTED:
+			return nil
+		case natsgo.CLOSED:
+			return natsgo.ErrConnectionClosed
+		default:
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("nats: nothing published while the connection is %s (%w): %w", strings.ToLower(st.String()), natsgo.ErrConnectionReconnecting, ctx.Err())
+			case <-b.closeCh:
+				return broker.ErrClosed
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
 	}
 }

@@ -449,6 +449,9 @@ func (d *delivery) DeadLetter(ctx context.Context, reason string) error {
 	h[jetstream.MsgIDHeader] = []string{fmt.Sprintf("dlq:%s:%d:%s", d.s.qi.consumer, d.key.seq, d.m.ID)}
 	pctx, cancel := withDefaultTimeout(ctx, d.s.b.cfg.PublishTimeout)
 	defer cancel()
+	if err := d.s.b.connected(pctx); err != nil {
+		return fmt.Errorf("nats: dead-letter message %s to %s: %w", d.m.ID, d.s.qi.dlqSubj, err)
+	}
 	if _, err := d.s.b.js.PublishMsg(pctx, &natsgo.Msg{Subject: d.s.qi.dlqSubj, Header: h, Data: dm.Body}); err != nil {
 		return fmt.Errorf("nats: dead-letter message %s to %s: %w", d.m.ID, d.s.qi.dlqSubj, err)
 	}

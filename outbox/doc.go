@@ -74,6 +74,11 @@
 //     adds 0 attempts, and costs one failed batch per pause (about 6 in the
 //     first 3 s, then one per MaxBackoff, plus the batches in flight when
 //     it began). A database outage is waited out the same way.
+//   - Marking a row processed clears its last_error (NULL), whether an
+//     outage or a failure of its own wrote it: last_error is the reason a
+//     row is not sent yet, never history, so a sent row never reads as
+//     failing. attempts keeps the number of failed publications of its
+//     own.
 //   - Rows are claimed by id, not by a high-water mark, so a row whose id
 //     is lower than an already published one (its transaction committed
 //     later) is still found.

@@ -25,7 +25,8 @@ import (
 // sqsServer is one SQS implementation the FIFO deduplication tests run
 // against.
 type sqsServer struct {
-	name     string
+	name     string // the server, e.g. "elasticmq"
+	role     string // its compose/local/services.sh role
 	endpoint string
 	// forgetsDeleted is true for a server that forgets a
 	// MessageDeduplicationId once its message is deleted (moto 5.1), where
@@ -37,8 +38,8 @@ type sqsServer struct {
 // ElasticMQ (role sqs) and moto (role moto).
 func sqsServers() []sqsServer {
 	return []sqsServer{
-		{name: "elasticmq", endpoint: testenv.SQSEndpoint()},
-		{name: "moto", endpoint: testenv.SQSMotoEndpoint(), forgetsDeleted: true},
+		{name: "elasticmq", role: "sqs", endpoint: testenv.SQSEndpoint()},
+		{name: "moto", role: "moto", endpoint: testenv.SQSMotoEndpoint(), forgetsDeleted: true},
 	}
 }
 
@@ -57,7 +58,7 @@ type dedupRig struct {
 
 func newDedupRig(t *testing.T, srv sqsServer) *dedupRig {
 	t.Helper()
-	testenv.RequireTCP(t, "sqs ("+srv.name+")", testenv.HostPort(srv.endpoint))
+	testenv.RequireTCP(t, srv.role, testenv.HostPort(srv.endpoint))
 	cfg := config()
 	cfg.Endpoint = srv.endpoint
 	cfg.FIFO = true

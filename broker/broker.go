@@ -594,6 +594,13 @@ type Subscription interface {
 // ErrAlreadyAcked and does nothing. Settling after the connection that
 // received the delivery was lost returns an error, and the broker
 // redelivers the message: consumers must deduplicate.
+//
+// A settlement's error is classified by SettleReason into a bounded
+// reason (ReasonClosed, ReasonConnection, ReasonExpired, ...); adapters
+// wrap the broker errors only they can classify with SettleFault. A
+// refusal an adapter works around by itself (it tries again another way
+// and the method returns nil) is reported to the SettleObserver of the
+// method's ctx with ReportSettleFailure, so it is never silent.
 type Delivery interface {
 	// Message returns the received message; Attempt is set. The returned
 	// value must not be modified.

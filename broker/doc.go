@@ -38,5 +38,13 @@
 // the same way on every broker, and its Where names the broker's own
 // object that holds it (an SQS queue's real name differs from DLQName).
 //
+// A settlement (Ack, Retry, DeadLetter, Extend) that fails returns an
+// error that SettleReason classifies into a short, bounded reason
+// (ReasonConnection, ReasonExpired, ReasonNotFound, ...; an adapter wraps
+// what only it can classify with SettleFault). A refusal the adapter
+// works around by itself, so that the method returns nil, is reported to
+// the SettleObserver of the method's ctx (ReportSettleFailure); package
+// worker logs and counts both kinds.
+//
 // Package brokertest is the conformance suite every adapter runs.
 package broker

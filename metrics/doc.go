@@ -13,18 +13,22 @@
 //	ferry_relay_publish_errors_total               counter    rows whose publication failed
 //	ferry_relay_batch_duration_seconds             histogram  one relay batch, claim to commit
 //	ferry_worker_messages_total{outcome}           counter    deliveries settled, by outcome:
-//	                                                          ack, retry, dead, duplicate, unsettled
-//	                                                          (a retry or dead letter the broker did not
-//	                                                          take: it redelivers the message)
+//	                                                          ack, retry, dead, duplicate (what the
+//	                                                          broker took), unsettled (what it did not)
 //	ferry_worker_handler_duration_seconds          histogram  one handling attempt
 //	ferry_worker_end_to_end_latency_seconds        histogram  outbox row created -> handled
+//	ferry_worker_settle_failures_total{op,reason}  counter    settlements the broker did not take:
+//	                                                          op ack, retry, dead_letter, extend;
+//	                                                          reason broker.SettleReason's
 //
 // The outbox gauges are read from the database at scrape time by an
 // OutboxCollector (with a short timeout), so they are right on every
 // replica, even one whose relay is idle, and cost nothing between scrapes.
 // The relay and worker series are fed by the hooks of those packages:
-// outbox.RelayConfig.OnBatch calls ObserveBatch and worker.Config.OnOutcome
-// calls ObserveOutcome. A nil *Metrics accepts every call and records
+// outbox.RelayConfig.OnBatch calls ObserveBatch, worker.Config.OnOutcome
+// calls ObserveOutcome and worker.Config.OnSettleFailure calls
+// ObserveSettleFailure (a failed Ack counts there and as outcome
+// unsettled, never as ack). A nil *Metrics accepts every call and records
 // nothing, so wiring code need not test for "metrics off".
 //
 // The end-to-end latency is measured from the broker.HeaderCreatedAt header

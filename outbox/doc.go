@@ -83,6 +83,11 @@
 //     store a request it had already received; on SQS the SDK's own
 //     retries of a call that failed after reaching the server may add one
 //     per retry; consumers deduplicate).
+//   - Marking a row processed clears its last_error (NULL), whether an
+//     outage or a failure of its own wrote it: last_error is the reason a
+//     row is not sent yet, never history, so a sent row never reads as
+//     failing. attempts keeps the number of failed publications of its
+//     own.
 //   - Rows are claimed by id, not by a high-water mark, so a row whose id
 //     is lower than an already published one (its transaction committed
 //     later) is still found.

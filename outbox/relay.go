@@ -867,7 +867,9 @@ ORDER BY c.id`, keyLockClass, keySlots-1)
 // markSQL marks the confirmed rows: processed_at is the time Publish
 // returned (the broker's last confirm of the batch), as the transaction's
 // start (now(), the claim) plus $2 microseconds measured by the relay.
-const markSQL = `UPDATE outbox SET processed_at = now() + $2::bigint * interval '1 microsecond' WHERE id = ANY($1::bigint[])`
+// last_error is cleared: a sent row is not failing, whatever an outage or
+// an earlier failure of its own wrote there (attempts keeps the count).
+const markSQL = `UPDATE outbox SET processed_at = now() + $2::bigint * interval '1 microsecond', last_error = NULL WHERE id = ANY($1::bigint[])`
 
 // outageSQL records why rows could not be published during an outage,
 // without counting an attempt or delaying them; a parked row (attempts >

@@ -97,17 +97,33 @@
 //     handler again (OutcomeUnsettled, then OutcomeDead).
 //   - Ack fails after the commit: the dedup row is committed, so the
 //     redelivery is acked as OutcomeDuplicate; the outcome of the attempt
-//     stays OutcomeAck, since its work was done.
+//     is OutcomeUnsettled, not OutcomeAck: outcomes count only
+//     settlements the broker took.
 //
 // A handler that always fails therefore reaches the DLQ after the
 // policy's last attempt even when every Retry is lost. The record is
 // deleted in the transaction of the attempt that succeeds and once the
 // DLQ holds the message, so a replay from the DLQ starts again at attempt
 // 1. When writing the record fails (database down) the worker logs it and
-// the count falls back on the broker's. A settlement the broker refused
-// is logged at WARN with the broker's reason (for RabbitMQ the channel's
-// close reason, e.g. the consumer-timeout PRECONDITION_FAILED) and what
-// happens next.
+// the count falls back on the broker's.
+//
+// # Settle failures
+//
+// Every Ack, Retry, DeadLetter or Extend the broker did not take is logged
+// once at WARN ("worker: ack failed", "worker: retry failed", ...) with
+// the op, the message ID, the broker's error (for RabbitMQ the channel's
+// close reason, e.g. the consumer-timeout PRECONDITION_FAILED), a bounded
+// reason (broker.SettleReason: closed, connection, timeout, canceled,
+// expired, not_found, throttled, refused, already_settled, other) and
+// what happens next, and passed to Config.OnSettleFailure (ferry's CLI
+// counts it in ferry_worker_settle_failures_total{op,reason}). A refusal
+// the adapter worked around by itself, invisible in the method's result
+// (SQS: a DeleteMessageBatch entry refused and deleted again with
+// DeleteMessage), reaches the same log and hook through the
+// broker.SettleObserver the worker puts in every settlement's ctx
+// (broker.WithSettleObserver), logged as "worker: ack refused by the
+// broker, worked around by the adapter" with SettleFailure.Recovered set;
+// its outcome is the one the broker finally took.
 //
 // # External side effects
 //

@@ -1,6 +1,8 @@
 // Package sqs is ferry's AWS SQS adapter (broker.Broker) on
 // github.com/aws/aws-sdk-go-v2/service/sqs. It is tested against ElasticMQ
-// 1.6.11 with sqs-limits = strict (compose/local/services.sh up sqs).
+// 1.6.11 with sqs-limits = strict (compose/local/services.sh up sqs), and
+// its FIFO deduplication also against moto 5.1's standalone server
+// (services.sh up moto).
 //
 // # Topology
 //
@@ -46,6 +48,27 @@
 // #x10000-#x10FFFF, and such a message fails on its own. A body that is not
 // valid UTF-8 is base64-encoded (4/3 of its size); an empty one is "-".
 //
+// # FIFO deduplication
+//
+// On FIFO queues (Config.FIFO) a message's MessageDeduplicationId is its
+// ID, the outbox row id (a hash of it when it is longer than 128
+// characters or holds others than printable ASCII), so a row the relay publishes again (its mark
+// failed after SQS accepted it: a relay crash, a lost database
+// connection) has the same one. SQS drops a message whose
+// MessageDeduplicationId it accepted in the last 5 minutes (AWS SQS
+// Developer Guide, "Using the message deduplication ID"; the window
+// cannot be changed), so inside that window the resend is not delivered
+// again. ferry does not depend on it: after the window, or on a server
+// that forgets the ID of a deleted message (moto 5.1 does; AWS and
+// ElasticMQ keep it for the whole window), the resend is delivered as a
+// second copy and the consumer's deduplication (package worker's
+// processed_messages) acks it without running the handler. The window
+// only saves that second delivery. The copies ferry makes itself (the DLQ
+// copy of DeadLetter, a DLQ replay) carry an ID of their own
+// (MessageDeduplicationId "<id>-dead-<receive count>",
+// "<id>-replay-<n>") so the window does not drop them. TestFIFODedupInsideWindow checks this on ElasticMQ and moto;
+// TestFIFODedupAfterWindow waits the 5 minutes out (make test-long).
+//
 // # Consume
 //
 // Subscribe long-polls (WaitTimeSeconds = Config.WaitTime, 20 s; the HTTP
@@ -73,7 +96,14 @@
 //
 // Ack is DeleteMessageBatch, shared by the Acks of the next 2 ms of a
 // subscription; an entry SQS refuses is deleted again with DeleteMessage,
-// and its Ack fails if that fails too. Retry is ChangeMessageVisibility to the delay,
+// and its Ack fails if that fails too (naming both refusals). When the
+// DeleteMessage succeeds the Ack returns nil and the refusal is reported
+// to the broker.SettleObserver of the Ack's ctx (Recovered), so package
+// worker logs and counts it. Settle errors are classified for
+// broker.SettleReason: ReceiptHandleIsInvalid is "expired" (the
+// visibility timeout ended and the message was received again), a
+// deleted queue "not_found", throttling "throttled", any other SQS error
+// "refused". Retry is ChangeMessageVisibility to the delay,
 // rounded up to whole seconds, at least 1 s and at most 12 h
 // (Capabilities.MaxDelay): the message stays the same
 // (Capabilities.RetryInPlace), so the next delivery carries

@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/ferrymq/ferry/alert"
+	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/metrics"
 )
 
@@ -71,8 +72,9 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 	known := map[string]bool{
 		metrics.OutboxUnprocessedRows: true, metrics.OutboxOldestAgeSeconds: true,
 		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true,
-		metrics.WorkerMessagesTotal: true,
+		metrics.WorkerMessagesTotal: true, metrics.WorkerSettleFailures: true,
 	}
+	ops := []string{string(broker.SettleAck), string(broker.SettleRetry), string(broker.SettleDeadLetter), string(broker.SettleExtend)}
 	outcomes := []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate, metrics.OutcomeUnsettled}
 	p := parser.NewParser(parser.Options{})
 	for name, r := range parseRules(t) {
@@ -90,6 +92,12 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 				if m.Name == metrics.OutcomeLabel {
 					require.True(t, slices.Contains(outcomes, m.Value), "%s: outcome %q", name, m.Value)
 				}
+				if m.Name == metrics.OpLabel {
+					require.True(t, slices.Contains(ops, m.Value), "%s: op %q", name, m.Value)
+				}
+				if m.Name == metrics.ReasonLabel {
+					require.True(t, slices.Contains(broker.SettleReasons, m.Value), "%s: reason %q", name, m.Value)
+				}
 			}
 			return nil
 		})
@@ -97,6 +105,20 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 		require.NotEmpty(t, r.Labels["severity"], name)
 		require.NotEmpty(t, r.Annotations["summary"], name)
 	}
+}
+
+// TestSettleFailureRules: settle failures page (issue 16, item 4):
+// sustained failures of any settlement, and any failed dead-lettering.
+func TestSettleFailureRules(t *testing.T) {
+	t.Parallel()
+	rules := parseRules(t)
+	for _, name := range []string{"FerryWorkerSettleFailures", "FerryWorkerDeadLetterFailing"} {
+		r, ok := rules[name]
+		require.True(t, ok, "rule %s missing", name)
+		require.Contains(t, r.Expr, metrics.WorkerSettleFailures, name)
+		require.Contains(t, r.Annotations["summary"], "{{ $labels.broker }}", name)
+	}
+	require.Contains(t, rules["FerryWorkerSettleFailures"].Expr, "by (broker, op, reason)")
 }
 
 // TestScrapeConfigLoadsTheRules: prometheus.yml is YAML with only keys

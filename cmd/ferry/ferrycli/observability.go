@@ -248,6 +248,16 @@ func (o *observability) onOutcome(next func(*broker.Message, worker.Outcome, tim
 	}
 }
 
+// onSettleFailure is worker.Config.OnSettleFailure: it counts the failure
+// in ferry_worker_settle_failures_total (the worker logs it). nil without
+// metrics.
+func (o *observability) onSettleFailure() func(broker.SettleFailure) {
+	if o == nil {
+		return nil
+	}
+	return o.metrics.ObserveSettleFailure
+}
+
 // serveMetrics serves GET /metrics on --metrics-addr until ctx is done; it
 // returns nil at once when the flag is empty.
 func (o *observability) serveMetrics(ctx context.Context) error {

@@ -365,6 +365,7 @@ func (st *stack) runWorker(ctx context.Context) error {
 			ShutdownTimeout: st.s.shutdownTimeout,
 			OnFailure:       st.app.OnFailure,
 			OnOutcome:       st.obs.onOutcome(st.onOutcome),
+			OnSettleFailure: st.obs.onSettleFailure(),
 		}},
 		Logger: st.log,
 	})

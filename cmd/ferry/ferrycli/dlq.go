@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os/user"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 )
 
@@ -31,23 +31,22 @@ func formatFlag() cli.Flag {
 	return &cli.StringFlag{Name: flagFormat, Value: "table", Usage: "output format: table or json"}
 }
 
-// dlqFlags are the flags every dlq subcommand takes: the broker and the
-// queue whose DLQ it reads. The dlq commands declare nothing, so
-// --retry-delay does not matter to them: it is still accepted (hidden), so
-// that one set of flags or FERRY_* variables serves every command.
-func dlqFlags() []cli.Flag {
-	var flags []cli.Flag
-	for _, f := range brokerFlags() {
-		switch {
-		case slices.Contains(f.Names(), flagRetryDelay):
-			f = &cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay), Hidden: true, Usage: "ignored: the dlq commands declare nothing"}
-		case slices.Contains(f.Names(), flagExchange):
-			f = &cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange),
-				Usage: "NATS: the exchange (stream) of --queue; when not given, every exchange on the server is searched for the queue. RabbitMQ: not needed"}
-		}
-		flags = append(flags, f)
-	}
-	return concat(flags, logFlags())
+// dlqFlags are the flags every dlq subcommand takes: the broker, the queue
+// whose DLQ it reads, and where to look for it (--exchange); the log level
+// when --log-level is not given is logLevel. The dlq commands declare
+// nothing, so they take no --retry-delay.
+func dlqFlags(logLevel string) []cli.Flag {
+	return concat(brokerFlags(false, "RabbitMQ queue type of the DLQ: classic or quorum (a quorum queue is read whole, to list it oldest first) (--broker rabbitmq)"),
+		[]cli.Flag{
+			&cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange), Category: catTopology,
+				Usage: "NATS, SQS: the exchange (NATS: stream) of --queue; when not given, every exchange on the server is searched for the queue. RabbitMQ, Kafka: not needed"},
+			queueFlag(),
+		}, logFlags(logLevel))
+}
+
+// queueFlag is --queue for the commands that act on one queue.
+func queueFlag() cli.Flag {
+	return &cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Category: catTopology, Usage: "work queue; its DLQ is <queue>.dlq"}
 }
 
 func selectFlags() []cli.Flag {
@@ -65,7 +64,7 @@ func dlqCommand() *cli.Command {
 			{
 				Name:  "list",
 				Usage: "list dead messages, oldest first: ID, application id, type, attempts, last error, first failure; says how many there are in all",
-				Flags: concat(dlqFlags(), []cli.Flag{
+				Flags: concat(dlqFlags("warn"), []cli.Flag{
 					&cli.IntFlag{Name: flagLimit, Value: 100, Usage: "list at most this many (0: all); the total is counted either way"},
 					&cli.StringFlag{Name: flagErrorContains, Usage: "only messages whose last error contains this text (case-insensitive)"},
 					&cli.StringSliceFlag{Name: flagAppID, Usage: "only messages with this application id (x-app-id, e.g. the notification id; repeatable, or comma-separated)"},
@@ -76,13 +75,13 @@ func dlqCommand() *cli.Command {
 			{
 				Name:   "replay",
 				Usage:  "move dead messages back to the work queue with their retry count reset (--id ID... or --all)",
-				Flags:  concat(dlqFlags(), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
+				Flags:  concat(dlqFlags("info"), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
 				Action: dlqReplay,
 			},
 			{
 				Name:   "purge",
 				Usage:  "delete dead messages for good (--id ID... or --all, and --yes)",
-				Flags:  concat(dlqFlags(), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
+				Flags:  concat(dlqFlags("info"), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
 				Action: dlqPurge,
 			},
 		},

@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -92,12 +93,14 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 	a := &cli.App{
 		Name:  "ferry",
 		Usage: "transactional outbox to message broker, idempotent workers, and a sample notification service",
-		Description: "Every flag can also be set by its environment variable (shown as [$FERRY_...]).\n" +
+		Description: "A flag with an environment variable shows it in the help as [$FERRY_...].\n" +
 			"demo and run start embedded PostgreSQL, NATS and an SMTP sink for what their flags leave out;\n" +
-			"the other commands default to the servers on 127.0.0.1 (PostgreSQL, RabbitMQ, Mailpit).",
+			"the other commands default to the servers on 127.0.0.1 (PostgreSQL, RabbitMQ, Mailpit).\n" +
+			"Every command shows only the flags it uses: ferry help COMMAND, or ferry COMMAND --help.",
+		Version:                VersionLine(),
+		CustomAppHelpTemplate:  appHelpTemplate,
 		Writer:                 stdout,
 		ErrWriter:              stderr,
-		HideHelpCommand:        true,
 		UseShortOptionHandling: false,
 		ExitErrHandler:         func(*cli.Context, error) {}, // Main turns errors into exit codes
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
@@ -121,9 +124,11 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			outboxCommand(),
 			benchCommand(),
 			benchChildCommand(),
+			versionCommand(),
 		},
 	}
 	quietUsageErrors(a.Commands)
+	useHelpTemplates(a.Commands)
 	return a
 }
 
@@ -250,20 +255,25 @@ func setup(c *cli.Context, defaultLevel string) (*settings, *slog.Logger, error)
 	return s, log, nil
 }
 
-// redactURL hides the password of a URL.
+// redactURL hides the password of a URL (user:xxxxx@host), whatever its
+// scheme, and the password=... of a keyword/value connection string
+// ("host=db password=s3cret"); the rest is shown as given.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" && u.User != nil {
+		return u.Redacted()
 	}
-	return u.Redacted()
+	return kvPassword.ReplaceAllString(raw, "${1}xxxxx")
 }
+
+// kvPassword matches the value of password= in a keyword/value
+// connection string, quoted or not.
+var kvPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
 		Usage: "apply the database migrations (outbox, processed_messages, notifications)",
-		Flags: concat(databaseFlags(), logFlags()),
+		Flags: concat(databaseFlags(false), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
@@ -284,7 +294,9 @@ func apiCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "api",
 		Usage: "serve the notification HTTP API (POST /notifications, GET /notifications/{id})",
-		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), metricsFlags(""), logFlags()),
+		// No broker flags: the API only writes the outbox, which the relay
+		// publishes.
+		Flags: concat(databaseFlags(false), apiFlags(DefaultAddr), shutdownFlags(), metricsFlags(""), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runAPI(ctx) })
 		},
@@ -295,7 +307,7 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "publish committed outbox rows to the broker",
-		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags()),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
 		},
@@ -306,7 +318,7 @@ func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
 		Usage: "consume the notification queue and send the mails",
-		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags()),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), workerFlags(), smtpFlags(false), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runWorker(ctx) })
 		},
@@ -335,7 +347,7 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags()),
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {

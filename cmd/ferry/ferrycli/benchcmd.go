@@ -133,7 +133,10 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
 			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
 			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
-		}, benchBrokerFlags(), dataDirFlags(), logFlags("warn")),
+		}, benchBrokerFlags(), []cli.Flag{
+			&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Category: catProcess,
+				Usage: "folder for the data of the embedded PostgreSQL and NATS server", DefaultText: "a temporary folder removed at exit"},
+		}, logFlags("warn")),
 		Action: runBench,
 	}
 }

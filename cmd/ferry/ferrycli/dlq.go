@@ -34,9 +34,14 @@ func formatFlag() cli.Flag {
 // dlqFlags are the flags every dlq subcommand takes: the broker, the queue
 // whose DLQ it reads, and where to look for it (--exchange); the log level
 // when --log-level is not given is logLevel. The dlq commands declare
-// nothing, so they take no --retry-delay.
-func dlqFlags(logLevel string) []cli.Flag {
-	return concat(brokerFlags(false, "RabbitMQ queue type of the DLQ: classic or quorum (a quorum queue is read whole, to list it oldest first) (--broker rabbitmq)"),
+// nothing, so they take no --retry-delay; only list reads
+// --rabbitmq-queue-type (withQueueType).
+func dlqFlags(logLevel string, withQueueType bool) []cli.Flag {
+	broker := brokerFlags(false, "RabbitMQ queue type of the DLQ: classic or quorum (a quorum queue is read whole, to list it oldest first) (--broker rabbitmq)")
+	if !withQueueType {
+		broker = without(broker, flagRabbitQueueType)
+	}
+	return concat(broker,
 		[]cli.Flag{
 			&cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange), Category: catTopology,
 				Usage: "NATS, SQS: the exchange (NATS: stream) of --queue; when not given, every exchange on the server is searched for the queue. RabbitMQ, Kafka: not needed"},
@@ -64,7 +69,7 @@ func dlqCommand() *cli.Command {
 			{
 				Name:  "list",
 				Usage: "list dead messages, oldest first: ID, application id, type, attempts, last error, first failure; says how many there are in all",
-				Flags: concat(dlqFlags("warn"), []cli.Flag{
+				Flags: concat(dlqFlags("warn", true), []cli.Flag{
 					&cli.IntFlag{Name: flagLimit, Value: 100, Usage: "list at most this many (0: all); the total is counted either way"},
 					&cli.StringFlag{Name: flagErrorContains, Usage: "only messages whose last error contains this text (case-insensitive)"},
 					&cli.StringSliceFlag{Name: flagAppID, Usage: "only messages with this application id (x-app-id, e.g. the notification id; repeatable, or comma-separated)"},
@@ -75,13 +80,13 @@ func dlqCommand() *cli.Command {
 			{
 				Name:   "replay",
 				Usage:  "move dead messages back to the work queue with their retry count reset (--id ID... or --all)",
-				Flags:  concat(dlqFlags("info"), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
+				Flags:  concat(dlqFlags("info", false), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
 				Action: dlqReplay,
 			},
 			{
 				Name:   "purge",
 				Usage:  "delete dead messages for good (--id ID... or --all, and --yes)",
-				Flags:  concat(dlqFlags("info"), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
+				Flags:  concat(dlqFlags("info", false), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
 				Action: dlqPurge,
 			},
 		},

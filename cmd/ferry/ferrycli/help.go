@@ -218,9 +218,14 @@ func wrapText(s string, indent, width int) string {
 //
 //	ferry (devel) revision 23bd544c0a1e 2026-12-01T21:40:07Z modified, go1.26.7 linux/amd64
 func VersionLine() string {
+	return versionLine(debug.ReadBuildInfo())
+}
+
+// versionLine formats bi (ok: bi is the binary's build information).
+func versionLine(bi *debug.BuildInfo, ok bool) string {
 	version, vcs := "unknown", "no VCS information"
 	goVersion := runtime.Version()
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	if ok && bi != nil {
 		if bi.Main.Version != "" {
 			version = bi.Main.Version
 		}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
+	"github.com/ferrymq/ferry/internal/testenv"
 )
 
 // Flag sets shared by the declarations below.
@@ -284,4 +286,25 @@ func TestBinaryFlagsHelpVersion(t *testing.T) {
 	_, v2, _ := runBinary(t, "--version")
 	require.Equal(t, v1, v2)
 	require.Equal(t, ferrycli.VersionLine()+"\n", v1)
+}
+
+// TestBinaryDemoDrawsNoBarWhenNotATerminal: with stdout a pipe, the demo
+// prints its lines and summary but no progress bar (no bar glyphs, no
+// carriage returns); it used to print a bar line every 2 s.
+func TestBinaryDemoDrawsNoBarWhenNotATerminal(t *testing.T) {
+	input := filepath.Join(t.TempDir(), "two.ndjson")
+	require.NoError(t, os.WriteFile(input, []byte(
+		`{"user_id":"u1","channel":"email","to":"a@example.com","subject":"s","body":"b"}`+"\n"+
+			`{"user_id":"u2","channel":"email","to":"b@example.com","subject":"s","body":"b"}`+"\n"), 0o644))
+	code, out, errOut := runBinary(t, "demo", "--file", input,
+		"--database-url", testenv.NewDatabase(t), "--broker", "rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+		"--exchange", testenv.UniqueName("demo-ex"), "--queue", testenv.UniqueName("demo-q"), "--retry-delay", "1s",
+		"--smtp-addr", testenv.SMTPAddr(), "--timeout", "2m")
+	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, errOut)
+	require.Equal(t, "", firstLine(errOut))
+	require.Contains(t, out, "ferry demo: summary")
+	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	require.NotContains(t, out, "█")
+	require.NotContains(t, out, "░")
+	require.NotContains(t, out, "\r")
 }

@@ -28,7 +28,7 @@ var (
 
 // Validate reports a RequestedEvent that names no notification: its
 // NotificationID must be a positive decimal integer. ferry.Decode calls it,
-// so such an event is dead-lettered at once (ferry.ErrUndecodable).
+// so such an event is dead-lettered at once (ferry.ErrInvalidEvent).
 func (e RequestedEvent) Validate() error {
 	if _, err := e.id(); err != nil {
 		return err
@@ -82,8 +82,9 @@ func (a *App) Mux() *ferry.Mux { return a.mux }
 //
 // It routes through the service's Mux: a message of another type is
 // dead-lettered at once (ferry.ErrNoHandler), and a payload that does not
-// decode into a RequestedEvent, or names no positive notification id, too
-// (ferry.ErrUndecodable); a notification id with no row is
+// decode into a RequestedEvent (ferry.ErrUndecodable), or names no
+// positive notification id (ferry.ErrInvalidEvent), too; a notification
+// id with no row is
 // worker.Permanent as well (ErrNotFound). An SMTP 5xx answer is permanent
 // too, at any step of the dialogue (greeting, EHLO/HELO, MAIL, RCPT, end
 // of data); other SMTP and network errors, 4xx answers included, are

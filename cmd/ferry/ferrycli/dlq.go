@@ -256,7 +256,7 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	for _, m := range msgs {
 		j := deadJSON{
 			ID: m.Message.ID, AppID: m.Message.Headers[broker.HeaderAppID], Type: m.Message.Type, Key: m.Message.Key, Attempts: m.Message.Attempt,
-			LastError: m.LastError, FirstFailedAt: timePtr(m.FirstFailedAt), DeadAt: timePtr(m.DeadAt),
+			LastError: m.LastError, FirstFailedAt: timePtr(firstFailed(m)), DeadAt: timePtr(m.DeadAt),
 			Headers: m.Message.Headers,
 		}
 		if json.Valid(m.Message.Body) {
@@ -271,13 +271,26 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	return enc.Encode(items)
 }
 
+// firstFailed is when m's first attempt failed: broker.HeaderFirstFailedAt,
+// which the adapters set on the first retry, or, for a message
+// dead-lettered at its first failure (a permanent error, an invalid event:
+// it was never retried, and some adapters then set no such header), the
+// time it was dead-lettered, which is when that one attempt failed. Zero
+// when the DLQ knows neither.
+func firstFailed(m broker.DeadMessage) time.Time {
+	if !m.FirstFailedAt.IsZero() {
+		return m.FirstFailedAt
+	}
+	return m.DeadAt
+}
+
 func writeDeadTable(w io.Writer, msgs []broker.DeadMessage) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tAPP ID\tTYPE\tATTEMPTS\tFIRST FAILED\tLAST ERROR")
 	for _, m := range msgs {
 		first := "-"
-		if !m.FirstFailedAt.IsZero() {
-			first = m.FirstFailedAt.UTC().Format(time.RFC3339)
+		if t := firstFailed(m); !t.IsZero() {
+			first = t.UTC().Format(time.RFC3339)
 		}
 		appID := m.Message.Headers[broker.HeaderAppID]
 		if appID == "" {

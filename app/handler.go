@@ -125,11 +125,16 @@ func (a *App) handleRequested(ctx context.Context, tx pgx.Tx, job *ferry.Job[Req
 	// Mark it sent first: after the SMTP server accepts the mail, only the
 	// commit is left, so a cancelled ctx or a failing statement can no
 	// longer undo the mark of a mail that went out. If the send fails, the
-	// worker rolls tx back and the mark with it.
+	// worker rolls tx back and the mark with it. The error of an earlier
+	// attempt (one before a DLQ replay, say) no longer describes a sent
+	// notification and is cleared, unless it was ErrDeliveryUnknown: that
+	// earlier attempt may have delivered a copy too, which the operator
+	// watching last_error must still see.
 	if _, err := tx.Exec(ctx, `
 		UPDATE notifications
-		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
-		WHERE id = $1`, id); err != nil {
+		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now(),
+		    last_error = CASE WHEN strpos(last_error, $2) > 0 THEN last_error END
+		WHERE id = $1`, id, ErrDeliveryUnknown.Error()); err != nil {
 		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
 	}
 	if err := a.send(ctx, id, createdAt, to, subject, body); err != nil {

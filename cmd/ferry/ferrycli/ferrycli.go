@@ -5,10 +5,15 @@
 //
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
 // process), demo, dlq list|replay|purge, replay --since (brokers with the
-// Replay capability: Kafka), outbox stats and bench (the broker comparison
-// of package bench/suite). Every flag can also be set by an environment
+// Replay capability: Kafka), outbox stats, bench (the broker comparison
+// of package bench/suite), version and help. Every flag can also be set by an environment
 // variable FERRY_<FLAG_NAME> (for example --database-url and
 // FERRY_DATABASE_URL).
+//
+// Each command takes only the flags it uses (api none of the broker's: it
+// only writes the outbox) and refuses the others with a usage error; its
+// help (help.go) fits HelpWidth columns. Every listen address defaults to
+// loopback.
 //
 // demo, run and bench start embedded servers for what the flags leave out
 // (bench: PostgreSQL, and NATS when --brokers is not given):

@@ -35,9 +35,11 @@
 //
 //   - a message whose Type no registered pattern matches, with a reason
 //     wrapping ErrNoHandler that names the type and the patterns;
-//   - a message whose body does not decode into the handler's type, or
-//     whose decoded value fails its Validate method (Validator), with a
-//     reason wrapping ErrUndecodable that names the type and the decoding
+//   - a message whose body does not decode into the handler's type, with
+//     a reason wrapping ErrUndecodable that names the type and the
+//     decoding error;
+//   - a message whose decoded value fails its Validate method
+//     (Validator), with a reason wrapping ErrInvalidEvent and Validate's
 //     error.
 //
 // The reason is the DLQ message's broker.HeaderLastError; "ferry dlq list"

@@ -24,9 +24,15 @@ var (
 	// DLQ once a worker that handles the type runs.
 	ErrNoHandler = errors.New("ferry: no handler for the event type")
 	// ErrUndecodable is the reason a message whose body does not decode
-	// into the handler's type, or whose decoded value fails its Validate
-	// method, is dead-lettered at once (wrapped in worker.Permanent).
+	// into the handler's type is dead-lettered at once (wrapped in
+	// worker.Permanent).
 	ErrUndecodable = errors.New("ferry: event body does not decode")
+	// ErrInvalidEvent is the reason a message whose body decodes but whose
+	// value its Validate method refuses (Validator) is dead-lettered at
+	// once (wrapped in worker.Permanent, with Validate's error wrapped
+	// too). It is not ErrUndecodable: the body is well-formed, the event
+	// is not acceptable.
+	ErrInvalidEvent = errors.New("ferry: invalid event")
 	// ErrInvalidConfig is wrapped by the errors of Mux.Handle, Handle and
 	// New for a registration or Config they refuse; the message names the
 	// field or the pattern.
@@ -35,8 +41,8 @@ var (
 
 // Validator is implemented by an event type that checks itself after
 // decoding. When the handler's type T (or *T) has a Validate method,
-// Decode calls it, and an error makes the message undecodable
-// (ErrUndecodable, dead-lettered at once).
+// Decode calls it, and an error makes the message an invalid event
+// (ErrInvalidEvent, dead-lettered at once).
 type Validator interface {
 	// Validate returns nil for a usable value, else an error saying what
 	// is wrong with it.
@@ -151,9 +157,10 @@ func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message)
 
 // Handle registers on m a typed handler for the event types that match
 // pattern: the worker decodes each message's JSON body into a T (Decode)
-// and calls h with it. A body that does not decode, or a T whose Validate
-// method fails, is dead-lettered at once with a reason wrapping
-// ErrUndecodable, without calling h. Errors are those of Mux.Handle.
+// and calls h with it. A body that does not decode is dead-lettered at
+// once with a reason wrapping ErrUndecodable, a T whose Validate method
+// fails with one wrapping ErrInvalidEvent, without calling h. Errors are
+// those of Mux.Handle.
 func Handle[T any](m *Mux, pattern string, h JobHandler[T]) error {
 	if h == nil {
 		return fmt.Errorf("%w: mux: pattern %q: nil handler", ErrInvalidConfig, pattern)
@@ -170,8 +177,9 @@ func Handle[T any](m *Mux, pattern string, h JobHandler[T]) error {
 // Decode decodes msg's JSON body into a T with encoding/json (fields of
 // the body that T does not have are ignored, so producers may add fields
 // before consumers know them) and then calls T's Validate method when T
-// or *T is a Validator. The error wraps ErrUndecodable and names the
-// message, its type and T.
+// or *T is a Validator. The error wraps ErrUndecodable (the body is not a
+// JSON T) or ErrInvalidEvent and Validate's error (Validate refused it),
+// and names the message, its type and T.
 func Decode[T any](msg *broker.Message) (T, error) {
 	var v T
 	if msg == nil {
@@ -188,7 +196,7 @@ func Decode[T any](msg *broker.Message) (T, error) {
 	}
 	if val != nil {
 		if err := val.Validate(); err != nil {
-			return v, fmt.Errorf("%w: message %s (type %s): invalid %s: %w", ErrUndecodable, msg.ID, msg.Type, typeName[T](), err)
+			return v, fmt.Errorf("%w: message %s (type %s): %s refused by its Validate: %w", ErrInvalidEvent, msg.ID, msg.Type, typeName[T](), err)
 		}
 	}
 	return v, nil

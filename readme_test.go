@@ -85,7 +85,9 @@ func visibleCommands() map[string]*cli.Command {
 			walk(name, c.Subcommands)
 		}
 	}
-	walk("", ferrycli.NewApp(io.Discard, io.Discard).Commands)
+	a := ferrycli.NewApp(io.Discard, io.Discard)
+	a.Setup() // adds the help command, as Run does
+	walk("", a.Commands)
 	return out
 }
 

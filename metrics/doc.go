@@ -2,7 +2,8 @@
 // GET /metrics on every role (api, relay, worker, run).
 //
 // Every metric carries a constant label broker="<name>" (the adapter in use,
-// e.g. "rabbitmq", "nats"), and every name ends with its unit:
+// e.g. "rabbitmq", "nats"; "none" for ferry api, which uses no broker), and
+// every name ends with its unit:
 //
 //	ferry_outbox_unprocessed_rows                  gauge      rows not yet published
 //	ferry_outbox_oldest_unprocessed_age_seconds    gauge      age of the oldest of them

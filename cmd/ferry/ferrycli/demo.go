@@ -47,7 +47,7 @@ func demoCommand() *cli.Command {
 			"NATS JetStream and an SMTP sink in its own process. Its API accepts nothing before the\n" +
 			"topology is declared on the broker. It exits 0 only when every accepted notification\n" +
 			"reached a final state (sent or dead).",
-		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags(), []cli.Flag{
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), logFlags("warn"), []cli.Flag{
 			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
 			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},
 			&cli.IntFlag{Name: flagClients, Value: 8, EnvVars: env("demo-clients"), Usage: "concurrent HTTP clients posting the lines"},

@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -155,7 +157,7 @@ func (s *settings) brokerURL() string {
 func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool) (*stack, error) {
 	cfg, err := pgxpool.ParseConfig(s.databaseURL)
 	if err != nil {
-		return nil, usagef("--%s: %v", flagDatabaseURL, err)
+		return nil, databaseURLError(s.databaseURL, err)
 	}
 	if want := int32(max(s.concurrency, 1) + 20); cfg.MaxConns < want {
 		cfg.MaxConns = want
@@ -190,12 +192,48 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 		pool.Close()
 		return nil, err
 	}
-	obs, err := newObservability(ctx, s.obs, s.broker, pool, log)
+	obs, err := newObservability(ctx, s.obs, metricsBrokerLabel(s.broker), pool, log)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return &stack{s: s, log: log, pool: pool, app: a, obs: obs}, nil
+}
+
+// NoBrokerLabel is the broker label of the metrics of the api command,
+// which talks to no broker (it only writes the outbox).
+const NoBrokerLabel = "none"
+
+// metricsBrokerLabel is the metrics' broker label of a command whose
+// --broker is name ("" for api, which has no --broker).
+func metricsBrokerLabel(name string) string {
+	if name == "" {
+		return NoBrokerLabel
+	}
+	return name
+}
+
+// databaseURLError is the usage error of a --database-url that pgx could
+// not parse (err): it shows the value with only its password hidden
+// (redactURL; pgx's own best-effort redaction garbles URLs of other
+// schemes), says that a PostgreSQL URL is wanted and, for a URL of another
+// scheme, names the scheme.
+func databaseURLError(raw string, err error) error {
+	const want = "want a PostgreSQL URL, postgres://user:password@host:port/database"
+	if u, perr := url.Parse(raw); perr == nil && u.Scheme != "" && strings.Contains(raw, "://") &&
+		u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return usagef("--%s %q: scheme %q: %s", flagDatabaseURL, redactURL(raw), u.Scheme, want)
+	}
+	// pgconn's message is "cannot parse `<its redaction>`: <reason>".
+	reason := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		reason = pe.Error()
+		if i := strings.Index(reason, "`: "); i >= 0 {
+			reason = reason[i+3:]
+		}
+	}
+	return usagef("--%s %q: %s; %s", flagDatabaseURL, redactURL(raw), reason, want)
 }
 
 func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {

@@ -91,7 +91,28 @@ func TestConformance(t *testing.T) {
 		RemoveTopology: func(ctx context.Context, _ *testing.T, topo broker.Topology) error {
 			return removeTopology(ctx, topo)
 		},
+		Poison: func(ctx context.Context, t *testing.T, _ broker.Broker, tp broker.Topology, id, typ string) *broker.Message {
+			lowerMaxMessageBytes(ctx, t, kafka.TopicName(tp.Exchange), 4096)
+			return &broker.Message{ID: id, Type: typ, Key: "poison", Body: make([]byte, 8192)}
+		},
 	})
+}
+
+// lowerMaxMessageBytes sets the topic's max.message.bytes, so that a
+// record larger than that, which the adapter's own check (the broker's
+// message.max.bytes) lets through, makes Kafka refuse its partition's
+// whole record batch with MESSAGE_TOO_LARGE.
+func lowerMaxMessageBytes(ctx context.Context, t *testing.T, topic string, n int) {
+	t.Helper()
+	c := &kafkago.Client{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Timeout: 10 * time.Second}
+	res, err := c.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
+		Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{Name: "max.message.bytes", Value: fmt.Sprint(n), ConfigOperation: kafkago.ConfigOperationSet}},
+	}}})
+	require.NoError(t, err)
+	for _, r := range res.Resources {
+		require.NoError(t, r.Error)
+	}
 }
 
 func TestWorkerSuite(t *testing.T) {

@@ -634,3 +634,37 @@ func TestRelayPoisonRefusingTheCall(t *testing.T) {
 	}
 	t.Logf("30 good rows delivered, %d duplicate deliveries (confirms RabbitMQ dropped with the closed channel)", dups)
 }
+
+// closingMidBatch publishes the first half of each batch through the real
+// broker and then reports the rest failed with broker.ErrClosed, as an
+// adapter closed between two of its calls does.
+type closingMidBatch struct{ broker.Broker }
+
+func (c closingMidBatch) Publish(ctx context.Context, msgs []*broker.Message) error {
+	half := len(msgs) / 2
+	if err := c.Broker.Publish(ctx, msgs[:half]); err != nil {
+		return err
+	}
+	pe := &broker.PublishError{}
+	for i := half; i < len(msgs); i++ {
+		pe.Failed = append(pe.Failed, broker.FailedMessage{Index: i, ID: msgs[i].ID, Err: broker.ErrClosed})
+	}
+	return pe
+}
+
+// TestRelayMarksWhatAClosingBrokerConfirmed (issue 16, item 2): a broker
+// closed in the middle of a Publish that already had part of the batch
+// confirmed: the relay stops (the broker is closed) but first marks the
+// confirmed rows published, so they are not sent again by the next relay.
+func TestRelayMarksWhatAClosingBrokerConfirmed(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	enqueue(t, rg.pool, events(10, "test.good")...)
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: closingMidBatch{rg.b}})
+	n, err := r.ProcessBatch(ctx)
+	require.ErrorIs(t, err, broker.ErrClosed)
+	require.Equal(t, 5, n, "the five confirmed rows are marked published")
+	require.Equal(t, 5, unprocessed(t, rg.pool))
+	require.Error(t, r.Run(ctx), "Run stops on a closed broker")
+}

@@ -599,15 +599,22 @@ func TestRelayPoisonRefusingTheCall(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	rg := setup(t)
+	var stats []outbox.BatchStats
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour,
+		OnBatch: func(s outbox.BatchStats) { stats = append(stats, s) }})
+	// The baseline: 30 good rows alone.
+	enqueue(t, rg.pool, events(30, "test.good")...)
+	n, err := r.ProcessBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 30, n)
+	baseline := stats[0].PublishDuration
+	stats = nil
+
 	evs := events(31, "test.good")
 	evs[12].Headers = map[string]string{"CC": "not-an-array"}
 	ids := enqueue(t, rg.pool, evs...)
 	bad := ids[12]
-
-	var stats []outbox.BatchStats
-	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour,
-		OnBatch: func(s outbox.BatchStats) { stats = append(stats, s) }})
-	n, err := r.ProcessBatch(ctx)
+	n, err = r.ProcessBatch(ctx)
 	require.Equal(t, 30, n, "the good rows are published in the same batch: %v", err)
 	var pe *broker.PublishError
 	require.ErrorAs(t, err, &pe)
@@ -615,7 +622,7 @@ func TestRelayPoisonRefusingTheCall(t *testing.T) {
 	require.Equal(t, strconv.FormatInt(bad, 10), pe.Failed[0].ID)
 	require.True(t, broker.IsMessageFault(err), "a refusal caused by the message is not an outage")
 	require.Len(t, stats, 1)
-	t.Logf("batch of 31 with one poison: published %d, publish took %v", stats[0].Published, stats[0].PublishDuration)
+	t.Logf("batch of 31 with one poison: published %d, publish took %v (30 good rows alone: %v)", stats[0].Published, stats[0].PublishDuration, baseline)
 
 	var attempts int
 	var lastErr string
@@ -625,14 +632,14 @@ func TestRelayPoisonRefusingTheCall(t *testing.T) {
 	require.Contains(t, lastErr, "PRECONDITION_FAILED")
 	require.Equal(t, 1, unprocessed(t, rg.pool))
 
-	counts, _ := collect(t, rg.b, rg.queue, 30, 500*time.Millisecond)
-	require.Len(t, counts, 30)
+	counts, _ := collect(t, rg.b, rg.queue, 60, 500*time.Millisecond)
+	require.Len(t, counts, 60)
 	require.Zero(t, counts[strconv.FormatInt(bad, 10)])
 	dups := 0
 	for _, c := range counts {
 		dups += c - 1
 	}
-	t.Logf("30 good rows delivered, %d duplicate deliveries (confirms RabbitMQ dropped with the closed channel)", dups)
+	t.Logf("60 good rows delivered, %d duplicate deliveries (confirms RabbitMQ dropped with the closed channel)", dups)
 }
 
 // closingMidBatch publishes the first half of each batch through the real

@@ -113,6 +113,17 @@ func lowerMaxMessageBytes(ctx context.Context, t *testing.T, topic string, n int
 	for _, r := range res.Resources {
 		require.NoError(t, r.Error)
 	}
+	// The change reaches the partition's log asynchronously (KRaft
+	// metadata): wait until the broker reports it, then a little more.
+	require.Eventually(t, func() bool {
+		d, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
+			ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"max.message.bytes"}}}})
+		if err != nil || len(d.Resources) != 1 || len(d.Resources[0].ConfigEntries) != 1 {
+			return false
+		}
+		return d.Resources[0].ConfigEntries[0].ConfigValue == fmt.Sprint(n)
+	}, 10*time.Second, 50*time.Millisecond, "topic %s reports max.message.bytes %d", topic, n)
+	time.Sleep(time.Second)
 }
 
 func TestWorkerSuite(t *testing.T) {

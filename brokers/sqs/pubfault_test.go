@@ -227,3 +227,43 @@ func TestRelayPartlyAcceptedNotResent(t *testing.T) {
 		require.Equal(t, 1, got[fmt.Sprint(id)], "row %d on the queue exactly once", id)
 	}
 }
+
+// TestFIFOPoisonKeepsOrder: on a FIFO queue, one Publish of 25 messages of
+// one key (three SendMessageBatch calls, one after another) with a body
+// ElasticMQ refuses with the whole call in the second call: only that
+// message fails, and the other 24 arrive once each, in publish order (the
+// refused call's halves are sent before the later calls' messages).
+func TestFIFOPoisonKeepsOrder(t *testing.T) {
+	cfg := config()
+	cfg.FIFO = true
+	tp := topology("fifopoison", "evt.fifo")
+	b := declaredRaw(t, cfg, tp)
+	var msgs []*broker.Message
+	for i := range 25 {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprintf("m%02d", i), Type: "evt.fifo", Key: "one-key", Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+	}
+	msgs[13].Body = []byte("poison \uffff")
+	err := b.Publish(ctxFor(t, 30*time.Second), msgs)
+	failed := broker.FailedIndexes(err, len(msgs))
+	require.Len(t, failed, 1, "only the poison message fails: %v", err)
+	require.True(t, broker.IsMessageFault(failed[13]))
+
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 10})
+	var got []string
+	for len(got) < 24 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		d, err := sub.Receive(ctx)
+		cancel()
+		require.NoError(t, err, "received %d of 24", len(got))
+		got = append(got, d.Message().ID)
+		require.NoError(t, d.Ack(ctxFor(t, 10*time.Second)))
+	}
+	var want []string
+	for i, m := range msgs {
+		if i != 13 {
+			want = append(want, m.ID)
+		}
+	}
+	require.Equal(t, want, got, "in publish order, each once")
+	require.Empty(t, drain(t, sub, time.Second))
+}

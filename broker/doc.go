@@ -28,9 +28,15 @@
 // of the message itself (ErrInvalidMessage, ErrMessageTooLarge,
 // ErrUnroutable, ErrNacked; IsMessageFault) fails the same way when the
 // message is published again unchanged; anything else is a failure of the
-// broker (unreachable, closed, a deadline passed) and says nothing about
-// the message. The outbox relay parks the first kind with a per-message
-// backoff and waits out the second as one outage.
+// broker (unreachable, closed, a deadline passed, a server error,
+// throttling, credentials) and says nothing about the message. The outbox
+// relay parks the first kind with a per-message backoff and waits out the
+// second as one outage. A call to the broker that carried several
+// messages and was refused as a whole because of them is neither: the
+// adapter finds the message(s) at fault by sending the others apart
+// (SendSplitting, RefusedCallError), so one bad message never holds back
+// the good ones. A Publish that made several calls reports per message
+// which were accepted (PublishResult), and those are never sent again.
 //
 // A retried message comes back only to the queue it failed in. After the
 // last attempt the worker moves it to the queue's DLQ (DLQName) with the

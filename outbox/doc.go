@@ -60,9 +60,20 @@
 //     ferry_outbox_parked_rows, and can be made due at once (RetryParked,
 //     `ferry outbox retry`) or deleted (DropParked, `ferry outbox drop`).
 //     Enqueue refuses first, with ErrInvalidEvent, what no ferry broker can
-//     carry (see Event).
+//     carry (see Event). A row whose message made the broker refuse a
+//     whole call (an SQS HTTP 400 for a SendMessageBatch, a Kafka record
+//     batch refused as MESSAGE_TOO_LARGE, a RabbitMQ channel closed with
+//     PRECONDITION_FAILED) is parked the same way: the adapter sends the
+//     call's messages apart to find it (broker.SendSplitting), and the
+//     other rows of the batch are published in that same batch.
+//   - The rows the broker confirmed are marked published even when others
+//     of their batch failed (a *broker.PublishError lists only the
+//     unconfirmed ones: an SQS batch of 25 rows is three calls, of which
+//     one may fail), also when the broker was closed meanwhile, so they
+//     are never published again.
 //   - When the broker as a whole fails (unreachable, connection lost, a
-//     publish that times out after RelayConfig.PublishTimeout) the rows get
+//     server error or throttling, a publish that times out after
+//     RelayConfig.PublishTimeout) the rows get
 //     no attempt and no backoff of their own: they keep attempts and their
 //     place, and last_error says "broker unavailable (<broker name>): ..."
 //     (a parked row keeps the reason of its own failure), and ReadStats

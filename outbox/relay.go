@@ -990,10 +990,15 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	cancel()
 	mstart := time.Now()
 	res.publishDur = mstart.Sub(pstart)
-	if errors.Is(perr, broker.ErrClosed) {
+	var partial *broker.PublishError
+	if errors.Is(perr, broker.ErrClosed) && !errors.As(perr, &partial) {
 		res.err, res.fatal = perr, true
 		return res
 	}
+	// A *broker.PublishError from a broker closed meanwhile still lists
+	// only the messages it did not confirm: the others are marked below
+	// (never sent again) before the relay stops.
+	closedMeanwhile := errors.Is(perr, broker.ErrClosed)
 	if r.cfg.AfterPublish != nil {
 		if err := r.cfg.AfterPublish(ctx, ids); err != nil {
 			res.err = fmt.Errorf("outbox: relay: after publish: %w", err)
@@ -1065,6 +1070,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 			res.err = fmt.Errorf("outbox: relay: publish: %w", perr)
 		}
 		res.outage = len(downIDs) > 0
+		res.fatal = closedMeanwhile
 		if len(failIDs) > 0 {
 			r.log.Warn("outbox: relay: messages refused by the broker or its adapter, parking them with backoff",
 				"broker", r.brokerName, "failed", len(failIDs), "first_id", failIDs[0], "err", failErrs[0])

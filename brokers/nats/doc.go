@@ -30,6 +30,23 @@
 // Publish checks the Type against the declared bindings itself and
 // reports broker.ErrUnroutable.
 //
+// Each message is its own publish with its own PubAck, so the outcome is
+// per message: a message whose PubAck came is confirmed and never listed
+// in the *broker.PublishError, whatever happened to the others, and no
+// call is ever refused as a whole. A message the server refuses with a
+// JetStream API error (nats-server server/errors.json) about the message
+// (status 400: a header expectation that fails, such as a wrong expected
+// stream or last sequence, an invalid TTL or schedule header) wraps
+// broker.ErrNacked, one over the stream's maximum message size (10054)
+// broker.ErrMessageTooLarge. An API error about the server's or the
+// stream's state is an outage, not the message's fault: status 5xx or
+// 429, JetStream not enabled (10039, 10076), temporarily unavailable
+// (10008, 10006), insufficient or exceeded resources (10023, 10047), the
+// store failing, which includes a stream full under an operator's
+// DiscardNew limit ("maximum messages exceeded", 503, 10077). So are no
+// responders (the stream is declared again, see below), a lost
+// connection and ctx.
+//
 // While the connection is down (reconnecting), Publish, DeadLetter and DLQ
 // replay wait for it to come back, until their ctx ends, instead of
 // handing messages to nats.go's reconnect buffer: that buffer (8 MB) and

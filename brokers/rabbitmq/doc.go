@@ -21,7 +21,29 @@
 // delivery mode and the mandatory flag: a message no queue is bound to is
 // returned by the server (basic.return before its basic.ack) and reported as
 // broker.ErrUnroutable for its batch index. A batch is pipelined: every
-// message is written, then every confirm awaited.
+// message is written, then every confirm awaited. Each message gets its
+// own outcome: an acked message is confirmed (never sent again), a
+// basic.nack is broker.ErrNacked, and a message whose confirm did not come
+// fails with the reason the channel or connection closed.
+//
+// A channel closed by the server because of a message published on it is
+// the messages' fault, not an outage: reply code 406 PRECONDITION_FAILED
+// (e.g. "invalid message: unacceptable_type_in_header" for a "CC" or "BCC"
+// header that is not an array, which RabbitMQ reads as sender-selected
+// destinations, https://www.rabbitmq.com/docs/sender-selected; a message
+// over the server's max_message_size), 311 CONTENT_TOO_LARGE or
+// 502 SYNTAX_ERROR (AMQP 0-9-1 reference, "Constants"). The close takes
+// every unconfirmed message of the channel along without saying which one
+// was at fault, so those are published again in halves
+// (broker.SendSplitting) until the one at fault fails alone, wrapping
+// broker.ErrInvalidMessage, and the others are confirmed. The messages
+// published before the refused one were stored although their confirms
+// were dropped with the channel, so they arrive more than once (seen: 30
+// to 60 extra deliveries for one poison message among 40; consumers
+// deduplicate). Every other close is an outage: 320 CONNECTION_FORCED,
+// 403 ACCESS_REFUSED, 404 NOT_FOUND (the exchange is declared again, see
+// below), 504 CHANNEL_ERROR, 506 RESOURCE_ERROR, 530 NOT_ALLOWED,
+// 541 INTERNAL_ERROR, a lost connection, ctx.
 //
 // The message travels as: AMQP message-id = Message.ID, AMQP type =
 // Message.Type (also the routing key of the first publish; retries travel

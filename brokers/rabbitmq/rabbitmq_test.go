@@ -122,6 +122,11 @@ func runConformance(t *testing.T, queueType string) {
 		},
 		DeleteTopology: func(ctx context.Context, t *testing.T, tp broker.Topology) { deleteTopology(ctx, t, tp) },
 		RemoveTopology: removeTopology,
+		// RabbitMQ reads "CC" and "BCC" as sender-selected destinations and
+		// closes the channel with PRECONDITION_FAILED when one is a string.
+		Poison: func(ctx context.Context, t *testing.T, b broker.Broker, tp broker.Topology, id, typ string) *broker.Message {
+			return &broker.Message{ID: id, Type: typ, Body: []byte("poison"), Headers: map[string]string{"CC": "not-an-array"}}
+		},
 	})
 }
 

@@ -35,10 +35,33 @@
 // SQS's code and message (a *broker.PublishError), wrapping
 // broker.ErrInvalidMessage for a sender fault (e.g. a body character SQS
 // refuses) and broker.ErrNacked for a server fault, and
-// the accepted entries are never sent again. A call that fails as a whole
-// (unreachable server, throttling, ctx) makes Publish return that error,
-// not a *broker.PublishError. Up to 8 calls of one Publish are in flight;
-// on FIFO queues one queue's calls go one after another, in order.
+// the accepted entries are never sent again.
+//
+// A call that fails as a whole is an outage or the messages' fault,
+// after the SQS API reference's error lists (SendMessageBatch "Errors" and
+// "Common Errors"): no HTTP answer (connection, timeout, ctx), HTTP 5xx
+// (InternalFailure, ServiceUnavailable) and throttling (RequestThrottled,
+// ThrottlingException, KmsThrottled, HTTP 429) after the SDK's 3 attempts,
+// authentication and authorisation (HTTP 401 and 403, AccessDenied,
+// InvalidClientTokenId, InvalidSecurity, MissingAuthenticationToken,
+// NotAuthorized, RequestExpired, SignatureDoesNotMatch, OptInRequired),
+// the queue's KMS key errors (Kms*), QueueDoesNotExist, InvalidAddress and
+// UnsupportedOperation are outages: the messages of that call, and of that
+// call only, fail with its error, which broker.IsMessageFault does not
+// recognise. Any other HTTP 4xx answer is about the request
+// (InvalidMessageContents, InvalidParameterValue, BatchRequestTooLong,
+// MalformedQueryString, ValidationError, ElasticMQ's InvalidAction for a
+// body its JSON parser refuses, such as one holding U+FFFF): the call's
+// entries are sent again in halves (broker.SendSplitting) until the
+// message(s) at fault are found; they alone fail, wrapping
+// broker.ErrInvalidMessage, and the others are sent. Publish returns a
+// *broker.PublishError listing only the messages not accepted, so the
+// calls SQS accepted are never sent again; only when every message failed
+// with one call's error does it return that error itself. Up to 8 calls
+// of one Publish are in flight; on FIFO queues one queue's calls go one
+// after another, in order, and after a failed call the later ones of that
+// queue are not made (their messages fail with its error, or are sent
+// after the refused ones are sorted out).
 //
 // A message is encoded as the body plus at most five message attributes
 // (SQS allows ten): ferry-id, ferry-type, ferry-key, ferry-headers (every

@@ -33,6 +33,11 @@ import (
 //go:embed sample.ndjson
 var sampleNDJSON []byte
 
+// demoBrokerWait is how long the demo waits for an unreachable broker
+// (connection refused, timeouts, DNS failures) before it fails with the
+// broker's last error. A refused login or a malformed flag fails at once.
+const demoBrokerWait = 10 * time.Second
+
 const (
 	flagFile    = "file"
 	flagTimeout = "timeout"
@@ -111,6 +116,9 @@ func runDemo(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkBrokerFlags(c, s, true); err != nil {
+		return err
+	}
 	out := c.App.Writer
 	ctx := c.Context
 
@@ -139,6 +147,9 @@ func runDemo(c *cli.Context) error {
 	// topology: a broker that refuses it (a queue of another type, other
 	// retry delays) stops the demo before anything is accepted.
 	st.apiAfterBroker = true
+	// A broker that stays unreachable fails the demo within seconds, with
+	// its own words, instead of after the whole --timeout.
+	st.brokerGiveUp = demoBrokerWait
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runErr := make(chan error, 1)

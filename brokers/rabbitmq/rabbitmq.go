@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -168,8 +169,14 @@ func (c Config) validate() error {
 	bad := func(field, value, format string, args ...any) error {
 		return &broker.ConfigError{Adapter: "rabbitmq", Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 	}
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return bad("URL", redact(c.URL), "%v; want amqp://user:password@host:port/vhost or amqps://…", err)
+	const wantURL = "want amqp://user:password@host:port/vhost or amqps://…"
+	uri, err := amqp.ParseURI(c.URL)
+	if err != nil {
+		return bad("URL", redact(c.URL), "%v; %s", err, wantURL)
+	}
+	if strings.Contains(uri.Host, ":") && net.ParseIP(uri.Host) == nil {
+		// amqp.ParseURI takes "host:1:2" as host "host:1".
+		return bad("URL", redact(c.URL), "host %q is not a host name; %s", uri.Host, wantURL)
 	}
 	switch {
 	case c.PublishTimeout < 0:

@@ -190,13 +190,27 @@ func lookupBroker(name string) (BrokerFunc, error) {
 	return nil, fmt.Errorf("%w: --broker %q: want one of: %s", ErrUnknownBroker, name, avail)
 }
 
-// OpenBroker opens the broker named name with o, once.
+// OpenBroker opens the broker named name with o, once. A flag the adapter
+// refuses and a connection the server refuses come back as brokerError
+// maps them (naming the flag; see namesFlag); other errors unchanged.
 func OpenBroker(ctx context.Context, name string, o BrokerOptions) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {
 		return nil, err
 	}
-	return f(ctx, o)
+	b, err := f(ctx, o)
+	if err != nil {
+		return nil, brokerError(name, o, err)
+	}
+	return b, nil
+}
+
+// namesFlag reports whether err, from OpenBroker or connectBroker, already
+// names the flag to fix (a usage error, a refused connection), so a
+// caller returns it as it is instead of wrapping it in "<broker> at
+// <address>".
+func namesFlag(err error) bool {
+	return errors.Is(err, ErrUsage) || errors.Is(err, broker.ErrRefused)
 }
 
 // requirements is what the notification service asks of a broker with

@@ -231,7 +231,8 @@ const brokerWaitLogEvery = 5 * time.Second
 // backoff (0.5 s doubling to 5 s) while the broker cannot be reached
 // (connection refused, timeouts, DNS failures), so a relay or worker
 // started before its broker waits for it. With giveUp > 0 it stops
-// retrying after that long and returns the last error (the demo). It
+// retrying after that long and returns the last error (the demo); it
+// bounds the attempts to connect, not a Declare under way. It
 // returns at once, without retrying, what waiting cannot cure
 // (broker.IsPermanent): a flag the adapter refuses (a usage error naming
 // the flag, see brokerError), a connection the server refused (wrong
@@ -263,7 +264,9 @@ func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.T
 				_ = b.Close()
 				return nil, fmt.Errorf("ferry: %s: %w", name, cerr)
 			}
-			err = b.Declare(actx, t)
+			// Declare is bounded by ctx only: a broker that answered is
+			// given the time it takes (Kafka creating topics).
+			err = b.Declare(ctx, t)
 			if err == nil {
 				cancel()
 				if attempt > 1 {

@@ -23,7 +23,9 @@ var (
 	// the Config names (RabbitMQ: a vhost that does not exist or is not
 	// allowed, AMQP 403 ACCESS_REFUSED and 530 NOT_ALLOWED; NATS:
 	// Authorization Violation; SQS: an unknown access key or a bad
-	// signature). The error keeps the server's own words. Errors that can
+	// signature). Declare wraps it too when the server refuses the user's
+	// permissions on the objects (RabbitMQ: 403 ACCESS_REFUSED on a
+	// declaration). The error keeps the server's own words. Errors that can
 	// pass (connection refused, timeouts, DNS failures, a server that is
 	// starting) never wrap it.
 	ErrRefused = errors.New("broker: refused by the server")
@@ -61,7 +63,7 @@ func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 // IsPermanent reports whether err, returned by an adapter's New or by
 // Declare, will come back unchanged when the same call is made again:
 // ErrInvalidConfig (a Config the adapter refuses), ErrRefused (the server
-// refused the credentials or the vhost), ErrTopologyMismatch and
+// refused the credentials, the vhost or the permissions), ErrTopologyMismatch and
 // ErrUnsupported. Anything else, including context errors, is a failure
 // that can pass (an unreachable server, a timeout, a DNS failure), worth
 // retrying with a backoff.

@@ -316,7 +316,9 @@ func (r *rabbit) Capabilities() broker.Capabilities {
 // bindings; all durable. A retry level whose delay changed since an earlier
 // declaration is refused by RabbitMQ (PRECONDITION_FAILED, arguments differ):
 // the error wraps broker.ErrTopologyMismatch and names the queue and the
-// argument; delete it (or choose other delays) to change it. Bindings are only added, never removed. All Declare calls on one
+// argument; delete it (or choose other delays) to change it. A
+// declaration refused for the user's permissions (403 ACCESS_REFUSED)
+// wraps broker.ErrRefused. Bindings are only added, never removed. All Declare calls on one
 // adapter must use the same exchange; their queues are merged and
 // re-declared after every reconnect.
 func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
@@ -347,6 +349,9 @@ func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
 		return fmt.Errorf("rabbitmq: declare: %w", err)
 	}
 	if err := declareOn(conn, t, r.cfg.QueueType); err != nil {
+		if isAMQPCode(err, amqp.AccessRefused) {
+			return fmt.Errorf("%w: %w (the user may not configure, write or read these names on the vhost: see rabbitmqctl set_permissions)", err, broker.ErrRefused)
+		}
 		return err
 	}
 	r.mu.Lock()

@@ -101,7 +101,7 @@ var configFlags = map[string]map[string]string{
 // addressFlags names each broker's address flag, and what to check when
 // the server refuses the connection (broker.ErrRefused).
 var addressFlags = map[string]struct{ flag, hint string }{
-	"rabbitmq": {flagRabbitMQURL, "check the user, password and vhost in the URL"},
+	"rabbitmq": {flagRabbitMQURL, "check the user, password and vhost in the URL, and the user's permissions"},
 	"nats":     {flagNATSURL, "check the user and password (or token) in the URL"},
 	"kafka":    {flagKafkaBrokers, "check the addresses"},
 	"sqs":      {flagSQSEndpoint, "check the AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and --" + flagAWSRegion},

@@ -51,8 +51,8 @@ func demoCommand() *cli.Command {
 		Description: "Without --database-url, --broker/--nats-url and --smtp-addr, demo starts embedded PostgreSQL,\n" +
 			"NATS JetStream and an SMTP sink in its own process. Its API accepts nothing before the\n" +
 			"topology is declared on the broker; a broker it cannot reach stops it after 10s with the\n" +
-			"broker's last error. It exits 0 only when every accepted notification\n" +
-			"reached a final state (sent or dead).",
+			"broker's last error. It exits 0 only when every accepted notification reached a final\n" +
+			"state (sent or dead).",
 		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags(), []cli.Flag{
 			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
 			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},

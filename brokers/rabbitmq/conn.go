@@ -135,8 +135,12 @@ func (m *connMgr) run() {
 			}
 			m.mu.Unlock()
 			if first {
-				// New reports the last dial error itself.
-				log.Debug("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
+				// New returns the last dial error itself, so its caller
+				// decides whether that is worth a warning; INFO shows the
+				// wait meanwhile.
+				if failures == 0 || failures%20 == 0 {
+					log.Info("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
+				}
 			} else if failures == 0 || failures%20 == 0 {
 				log.Warn("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
 			}

@@ -154,8 +154,8 @@ func (p *Pipeline) Workers() []*worker.Worker { return p.workers }
 // the broker refuses Declare for a passing reason (unreachable), Run
 // retries it with backoff (0.5 s doubling to 5 s), so a service started
 // before its broker waits for it. It returns an error when Declare fails
-// for good (broker.ErrTopologyMismatch, broker.ErrUnsupported,
-// broker.ErrClosed), or when the relay or a worker returns one (e.g. the
+// for good (broker.IsPermanent: broker.ErrTopologyMismatch,
+// broker.ErrUnsupported, broker.ErrRefused; and broker.ErrClosed), or when the relay or a worker returns one (e.g. the
 // broker was closed under them); the others are stopped first.
 func (p *Pipeline) Run(ctx context.Context) error {
 	if err := p.declare(ctx); err != nil {
@@ -187,7 +187,7 @@ func (p *Pipeline) declare(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, broker.ErrTopologyMismatch) || errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrClosed) {
+		if broker.IsPermanent(err) || errors.Is(err, broker.ErrClosed) {
 			return fmt.Errorf("ferry: declare topology: %w", err)
 		}
 		if attempt == 1 || attempt%10 == 0 {

@@ -52,5 +52,14 @@
 // the SettleObserver of the method's ctx (ReportSettleFailure); package
 // worker logs and counts both kinds.
 //
-// Package brokertest is the conformance suite every adapter runs.
+// An adapter's New fails in one of two ways. What waiting cannot cure is
+// permanent (IsPermanent): a Config it refuses before any network access
+// (ErrInvalidConfig, a *ConfigError naming the field: a malformed URL, an
+// unknown scheme, an address without a port) or a server that refused the
+// login (ErrRefused, with the server's words). Anything else (connection
+// refused, a timeout, a DNS failure) can pass, and a caller that waits for
+// its broker retries it.
+//
+// Package brokertest is the conformance suite every adapter runs
+// (RunConformance), with RunConnectErrors for New's errors.
 package broker

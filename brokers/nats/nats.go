@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -93,7 +94,10 @@ type queueInfo struct {
 
 // New connects to the NATS server at cfg.URL and returns a Broker on its
 // JetStream. ctx bounds the connection attempt. It returns an error when
-// the server is unreachable or has JetStream disabled. The connection
+// the server is unreachable or has JetStream disabled; an error wrapping
+// broker.ErrInvalidConfig, before connecting, for a Config that Validate
+// refuses; and one wrapping broker.ErrRefused, with the server's words,
+// when the server refuses the credentials (Authorization Violation). The connection
 // reconnects forever after a loss; Declare's topology is declared again
 // after every reconnect.
 func New(ctx context.Context, cfg Config) (broker.Broker, error) {
@@ -120,9 +124,11 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < dial {
 		dial = max(time.Until(dl), 10*time.Millisecond)
 	}
+	dialer := &recordingDialer{d: net.Dialer{Timeout: dial}}
 	nc, err := natsgo.Connect(cfg.URL,
 		natsgo.Name(cfg.Name),
 		natsgo.Timeout(dial),
+		natsgo.SetCustomDialer(dialer),
 		natsgo.MaxReconnects(-1),
 		natsgo.ReconnectWait(cfg.ReconnectWait),
 		natsgo.ReconnectJitter(50*time.Millisecond, 100*time.Millisecond),
@@ -142,6 +148,13 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		}),
 	)
 	if err != nil {
+		if authRefusal(err) {
+			return nil, fmt.Errorf("nats: connect %s: %w: %w", redact(cfg.URL), broker.ErrRefused, err)
+		}
+		if last := dialer.last(); last != nil && errors.Is(err, natsgo.ErrNoServers) {
+			// nats.go says only "no servers available": add why.
+			return nil, fmt.Errorf("nats: connect %s: %w (last dial error: %v)", redact(cfg.URL), err, last)
+		}
 		return nil, fmt.Errorf("nats: connect %s: %w", redact(cfg.URL), err)
 	}
 	js, err := jetstream.New(nc,
@@ -183,6 +196,44 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		CountsRedeliveries: true,
 	}
 	return b, nil
+}
+
+// recordingDialer dials TCP like nats.go's own dialer and keeps the last
+// dial error, which nats.go's Connect reports only as ErrNoServers.
+type recordingDialer struct {
+	d       net.Dialer
+	mu      sync.Mutex
+	lastErr error
+}
+
+// Dial implements natsgo.CustomDialer.
+func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := r.d.Dial(network, address)
+	if err != nil {
+		r.mu.Lock()
+		r.lastErr = err
+		r.mu.Unlock()
+	}
+	return c, err
+}
+
+func (r *recordingDialer) last() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+// authRefusal reports whether err, from natsgo.Connect, is the server
+// refusing the credentials (-ERR 'Authorization Violation' and the
+// expired or revoked authentication errors): connecting again with the
+// same credentials fails the same way.
+func authRefusal(err error) bool {
+	for _, target := range []error{natsgo.ErrAuthorization, natsgo.ErrAuthExpired, natsgo.ErrAuthRevoked, natsgo.ErrAccountAuthExpired} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 // redact drops user information from a URL list for error messages.

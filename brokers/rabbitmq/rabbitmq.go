@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -158,29 +159,54 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate checks c with the defaults applied, as New does before it
+// dials: the URL must parse as an AMQP URI (amqp:// or amqps://), the
+// durations and sizes must be in range. It needs no server. The error is
+// a *broker.ConfigError naming the field, wrapping broker.ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 func (c Config) validate() error {
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return fmt.Errorf("rabbitmq: Config.URL %q: %w", redact(c.URL), err)
+	bad := func(field, value, format string, args ...any) error {
+		return &broker.ConfigError{Adapter: "rabbitmq", Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
+	}
+	const wantURL = "want amqp://user:password@host:port/vhost or amqps://…"
+	uri, err := amqp.ParseURI(c.URL)
+	if err != nil {
+		return bad("URL", redact(c.URL), "%v; %s", err, wantURL)
+	}
+	if strings.Contains(uri.Host, ":") && net.ParseIP(uri.Host) == nil {
+		// amqp.ParseURI takes "host:1:2" as host "host:1".
+		return bad("URL", redact(c.URL), "host %q is not a host name; %s", uri.Host, wantURL)
 	}
 	switch {
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("rabbitmq: Config.PublishTimeout %v: must not be negative", c.PublishTimeout)
+		return bad("PublishTimeout", "", "%v: must not be negative", c.PublishTimeout)
 	case c.ReconnectDelay < 0:
-		return fmt.Errorf("rabbitmq: Config.ReconnectDelay %v: must not be negative", c.ReconnectDelay)
+		return bad("ReconnectDelay", "", "%v: must not be negative", c.ReconnectDelay)
 	case c.ConnectTimeout < 0:
-		return fmt.Errorf("rabbitmq: Config.ConnectTimeout %v: must not be negative", c.ConnectTimeout)
+		return bad("ConnectTimeout", "", "%v: must not be negative", c.ConnectTimeout)
 	case c.PublishChannels < 0 || c.PublishChannels > 256:
-		return fmt.Errorf("rabbitmq: Config.PublishChannels %d: want 1..256", c.PublishChannels)
+		return bad("PublishChannels", "", "%d: want 1..256", c.PublishChannels)
 	case c.MaxMessageBytes < 0:
-		return fmt.Errorf("rabbitmq: Config.MaxMessageBytes %d: must not be negative", c.MaxMessageBytes)
+		return bad("MaxMessageBytes", "", "%d: must not be negative", c.MaxMessageBytes)
 	case c.MaxHeaderBytes < 0 || c.MaxHeaderBytes > 120<<10:
-		return fmt.Errorf("rabbitmq: Config.MaxHeaderBytes %d: want 1..%d (one AMQP frame)", c.MaxHeaderBytes, 120<<10)
+		return bad("MaxHeaderBytes", "", "%d: want 1..%d (one AMQP frame)", c.MaxHeaderBytes, 120<<10)
 	case c.Heartbeat < 0:
-		return fmt.Errorf("rabbitmq: Config.Heartbeat %v: must not be negative", c.Heartbeat)
+		return bad("Heartbeat", "", "%v: must not be negative", c.Heartbeat)
 	case c.QueueType != QueueTypeClassic && c.QueueType != QueueTypeQuorum:
-		return fmt.Errorf("rabbitmq: Config.QueueType %q: want %q or %q", c.QueueType, QueueTypeClassic, QueueTypeQuorum)
+		return bad("QueueType", c.QueueType, "want %q or %q", QueueTypeClassic, QueueTypeQuorum)
 	}
 	return nil
+}
+
+// refusal reports whether err, from a dial, is the server refusing the
+// connection for good: AMQP 403 ACCESS_REFUSED (wrong user or password,
+// no SASL mechanism in common, no access to the vhost) or 530 NOT_ALLOWED
+// (the vhost does not exist), sent during the connection handshake
+// (https://www.rabbitmq.com/amqp-0-9-1-reference#constants).
+func refusal(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
 }
 
 // redact hides the password of an AMQP URL for messages and logs.
@@ -224,8 +250,12 @@ var _ broker.Broker = (*rabbit)(nil)
 // New connects to RabbitMQ and returns the adapter. It waits for the first
 // connection until ctx is done or, when ctx has no deadline, for
 // Config.ConnectTimeout, and returns an error naming the URL (password
-// hidden) and the last dial error if the server stays unreachable. Once
-// connected, later connection losses are repaired in the background.
+// hidden) and the last dial error if the server stays unreachable. It
+// returns at once an error wrapping broker.ErrInvalidConfig for a Config
+// that Validate refuses, and one wrapping broker.ErrRefused, with the
+// server's reason, when the server refuses the login or the vhost (AMQP
+// 403 ACCESS_REFUSED, 530 NOT_ALLOWED). Once connected, later connection
+// losses are repaired in the background.
 func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -254,6 +284,9 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		if _, err := m.current(ctx); err != nil {
 			last := m.lastError()
 			r.Close()
+			if errors.Is(err, broker.ErrRefused) {
+				return nil, fmt.Errorf("rabbitmq: connect %s: %w", redact(cfg.URL), err)
+			}
 			if last != nil {
 				return nil, fmt.Errorf("rabbitmq: connect %s: %w (last dial error: %v)", redact(cfg.URL), err, last)
 			}
@@ -283,7 +316,9 @@ func (r *rabbit) Capabilities() broker.Capabilities {
 // bindings; all durable. A retry level whose delay changed since an earlier
 // declaration is refused by RabbitMQ (PRECONDITION_FAILED, arguments differ):
 // the error wraps broker.ErrTopologyMismatch and names the queue and the
-// argument; delete it (or choose other delays) to change it. Bindings are only added, never removed. All Declare calls on one
+// argument; delete it (or choose other delays) to change it. A
+// declaration refused for the user's permissions (403 ACCESS_REFUSED)
+// wraps broker.ErrRefused. Bindings are only added, never removed. All Declare calls on one
 // adapter must use the same exchange; their queues are merged and
 // re-declared after every reconnect.
 func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
@@ -314,6 +349,9 @@ func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
 		return fmt.Errorf("rabbitmq: declare: %w", err)
 	}
 	if err := declareOn(conn, t, r.cfg.QueueType); err != nil {
+		if isAMQPCode(err, amqp.AccessRefused) {
+			return fmt.Errorf("%w: %w (the user may not configure, write or read these names on the vhost: see rabbitmqctl set_permissions)", err, broker.ErrRefused)
+		}
 		return err
 	}
 	r.mu.Lock()

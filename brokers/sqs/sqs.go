@@ -100,9 +100,19 @@ func (qi *queueInfo) urls() (string, string) {
 var _ broker.Broker = (*Broker)(nil)
 
 // New connects to SQS and checks that the endpoint answers (ListQueues).
-// It returns an error when it cannot be reached within ctx.
+// It returns an error when it cannot be reached within ctx; an error
+// wrapping broker.ErrInvalidConfig, before any request, for a Config that
+// Validate refuses; and one wrapping broker.ErrRefused, with the server's
+// words, when the server refuses the credentials or the signature
+// (InvalidClientTokenId, UnrecognizedClientException,
+// SignatureDoesNotMatch, AccessDenied..., or an HTTP 401 or 403 answer).
+// ElasticMQ accepts any credentials, so only AWS (and emulators that check
+// them) refuse.
 func New(ctx context.Context, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	// The HTTP client's timeout outlasts the long poll (WaitTimeSeconds).
 	hc := awshttp.NewBuildableClient().WithTimeout(cfg.WaitTime + 15*time.Second)
 	opts := []func(*awsconfig.LoadOptions) error{
@@ -133,6 +143,9 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		}
 	})
 	if _, err := client.ListQueues(ctx, &sqs.ListQueuesInput{MaxResults: aws.Int32(1)}); err != nil {
+		if credentialRefusal(err) {
+			return nil, fmt.Errorf("sqs: connect %s: %w: %w", endpointName(cfg), broker.ErrRefused, err)
+		}
 		return nil, fmt.Errorf("sqs: connect %s: %w", endpointName(cfg), err)
 	}
 	bctx, cancel := context.WithCancel(context.Background())
@@ -141,6 +154,33 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		topos: map[string]broker.Topology{}, queues: map[string]*queueInfo{},
 		subs: map[*subscription]struct{}{}, open: map[*delivery]struct{}{},
 	}, nil
+}
+
+// refusalCodes are the AWS error codes of credentials or a signature the
+// server refuses (AWS SQS API reference, "Common Errors"; the JSON
+// protocol's UnrecognizedClientException).
+var refusalCodes = map[string]bool{
+	"InvalidClientTokenId": true, "UnrecognizedClientException": true, "SignatureDoesNotMatch": true,
+	"IncompleteSignature": true, "MissingAuthenticationToken": true, "InvalidSecurity": true,
+	"AccessDenied": true, "AccessDeniedException": true, "AuthFailure": true, "InvalidAccessKeyId": true,
+}
+
+// credentialRefusal reports whether err, from a request, is the server
+// refusing the credentials: one of refusalCodes, or an HTTP 401 or 403
+// answer other than an expired token or request (which fresh credentials
+// from the SDK's chain or a new request can cure).
+func credentialRefusal(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		if refusalCodes[ae.ErrorCode()] {
+			return true
+		}
+		if c := ae.ErrorCode(); c == "ExpiredToken" || c == "RequestExpired" {
+			return false
+		}
+	}
+	var re *awshttp.ResponseError
+	return errors.As(err, &re) && (re.HTTPStatusCode() == 401 || re.HTTPStatusCode() == 403)
 }
 
 // localEndpoint reports whether endpoint is on loopback.

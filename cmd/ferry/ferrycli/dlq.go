@@ -112,6 +112,9 @@ func openDLQ(c *cli.Context, s *settings, log *slog.Logger) (broker.Broker, brok
 	opts.LookupExchange, opts.Logger = lookup, log
 	b, err := OpenBroker(c.Context, s.broker, opts)
 	if err != nil {
+		if namesFlag(err) {
+			return nil, nil, err
+		}
 		return nil, nil, fmt.Errorf("ferry: dlq: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)
 	}
 	d, err := b.DLQ(s.queue)

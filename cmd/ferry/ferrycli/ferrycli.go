@@ -42,6 +42,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
@@ -76,9 +77,10 @@ func cmdName(c *cli.Context) string {
 
 // isUsageError reports whether err is about the command line: ErrUsage, an
 // unknown or unavailable broker, a configuration a package refused
-// (app, outbox, worker), or a flag urfave/cli could not parse.
+// (app, outbox, worker, a broker adapter's Config), or a flag urfave/cli
+// could not parse.
 func isUsageError(err error) bool {
-	for _, target := range []error{ErrUsage, ErrUnknownBroker, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
+	for _, target := range []error{ErrUsage, ErrUnknownBroker, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig, broker.ErrInvalidConfig} {
 		if errors.Is(err, target) {
 			return true
 		}
@@ -343,6 +345,9 @@ func runStack(c *cli.Context, f func(context.Context, *stack) error) error {
 	if err != nil {
 		return err
 	}
+	if err := checkBrokerFlags(c, s, false); err != nil {
+		return err
+	}
 	return boundShutdown(c.Context, s.shutdownTimeout, log, func() error {
 		st, err := openStack(c.Context, s, log, false)
 		if err != nil {
@@ -361,6 +366,9 @@ func runCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
+				return err
+			}
+			if err := checkBrokerFlags(c, s, true); err != nil {
 				return err
 			}
 			var stops stopper

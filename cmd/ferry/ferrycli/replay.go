@@ -61,6 +61,9 @@ func replayAction(c *cli.Context) error {
 	opts.Logger = log
 	b, err := OpenBroker(c.Context, s.broker, opts)
 	if err != nil {
+		if namesFlag(err) {
+			return err
+		}
 		return fmt.Errorf("ferry: replay: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)
 	}
 	defer b.Close()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v2"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferrymq/ferry"
@@ -47,6 +48,10 @@ type stack struct {
 	// brokerReady, when set, is called by runRelay and runWorker once
 	// their broker is connected and the topology declared.
 	brokerReady func()
+	// brokerGiveUp, when positive, is how long runRelay and runWorker
+	// wait for an unreachable broker before they fail (demo); zero waits
+	// until ctx is done.
+	brokerGiveUp time.Duration
 	// obs adds metrics, tracing and the stuck-outbox alert; nil changes
 	// nothing.
 	obs *observability
@@ -134,21 +139,26 @@ func startEmbedded(ctx context.Context, s *settings, log *slog.Logger, stops *st
 }
 
 // brokerURL is the URL of the selected broker.
-func (s *settings) brokerURL() string {
-	switch s.broker {
-	case "rabbitmq":
-		return s.brokerOpts.RabbitMQURL
-	case "nats":
-		return s.brokerOpts.NATSURL
-	case "kafka":
-		return strings.Join(s.brokerOpts.KafkaBrokers, ",")
-	case "sqs":
-		if s.brokerOpts.SQSEndpoint == "" {
-			return "AWS SQS " + s.brokerOpts.AWSRegion
-		}
-		return s.brokerOpts.SQSEndpoint
+func (s *settings) brokerURL() string { return brokerAddress(s.broker, s.brokerOpts) }
+
+// checkBrokerFlags validates, without any network access, the flags of
+// the broker the command will use (see checkBroker), so a malformed one
+// fails at start with exit 2 instead of being retried. With embedded
+// (demo, run) and no --broker, that broker is NATS: the --nats-url given,
+// else the embedded server (nothing to check). Commands without --broker
+// have nothing to check.
+func checkBrokerFlags(c *cli.Context, s *settings, embedded bool) error {
+	if !hasFlag(c, flagBroker) {
+		return nil
 	}
-	return ""
+	name := s.broker
+	if embedded && !s.brokerSet {
+		if !s.natsSet {
+			return nil
+		}
+		name = "nats"
+	}
+	return checkBroker(name, s.brokerOpts)
 }
 
 // openStack connects to the database (pool sized for the worker's
@@ -170,6 +180,10 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		if pe, ok := dbRefusal(err); ok {
+			return nil, fmt.Errorf("ferry: --%s %s: refused by the server (check the user, password and database name): %s (SQLSTATE %s)",
+				flagDatabaseURL, redactURL(s.databaseURL), pe.Message, pe.Code)
+		}
 		return nil, fmt.Errorf("ferry: database %s: %w", redactURL(s.databaseURL), err)
 	}
 	if migrate {
@@ -234,6 +248,18 @@ func databaseURLError(raw string, err error) error {
 		}
 	}
 	return usagef("--%s %q: %s; %s", flagDatabaseURL, redactURL(raw), reason, want)
+}
+
+// dbRefusal returns the server's error when err is PostgreSQL refusing
+// the connection for good: SQLSTATE class 28 (invalid authorization:
+// 28P01 wrong password, 28000 no pg_hba.conf entry or role) or 3D000 (the
+// database does not exist), which waiting does not cure.
+func dbRefusal(err error) (*pgconn.PgError, bool) {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "28") || pe.Code == "3D000") {
+		return pe, true
+	}
+	return nil, false
 }
 
 func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
@@ -346,7 +372,7 @@ func (st *stack) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer st.obs.startAlert(ctx)()
-	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.log)
+	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.brokerGiveUp, st.log)
 	if err != nil {
 		return ignoreCanceled(ctx, err)
 	}
@@ -381,7 +407,7 @@ func (st *stack) runWorker(ctx context.Context) error {
 	if err := st.checkSchema(ctx, true); err != nil {
 		return err
 	}
-	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("worker"), st.topology(), st.log)
+	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("worker"), st.topology(), st.brokerGiveUp, st.log)
 	if err != nil {
 		return ignoreCanceled(ctx, err)
 	}

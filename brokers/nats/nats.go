@@ -622,3 +622,42 @@ func (b *natsBroker) removeSub(s *subscription) {
 	delete(b.subs, s)
 	b.mu.Unlock()
 }
+
+var _ broker.LimitReporter = (*natsBroker)(nil)
+
+// Limits implements broker.LimitReporter: it reads the queue's consumer
+// and its exchange's stream from the server. DeliveryLimit is the
+// consumer's MaxDeliver (ferry creates it with -1, no limit, and Declare
+// does not change it on an existing consumer, so an operator's
+// `nats consumer edit --max-deliver` stays in force: JetStream then stops
+// delivering a message after that many deliveries, every Nak of a retry
+// included, and it stays in the stream unacknowledged). Retention is the
+// stream's MaxAge (none as ferry declares it). Returns
+// broker.ErrUnknownQueue for a queue not declared on this broker,
+// broker.ErrClosed after Close.
+func (b *natsBroker) Limits(ctx context.Context, queue string) (broker.Limits, error) {
+	d, qi, err := b.declaredQueue(queue)
+	if err != nil {
+		return broker.Limits{}, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	var l broker.Limits
+	cons, err := b.js.Consumer(ctx, d.names.stream, qi.consumer)
+	if err != nil {
+		return l, fmt.Errorf("nats: limits of %s: consumer %s on stream %s: %w", queue, qi.consumer, d.names.stream, err)
+	}
+	if md := cons.CachedInfo().Config.MaxDeliver; md > 0 {
+		l.DeliveryLimit = md
+		l.DeliveryLimitSetting = fmt.Sprintf("the MaxDeliver of JetStream consumer %q on stream %q", qi.consumer, d.names.stream)
+	}
+	st, err := b.js.Stream(ctx, d.names.stream)
+	if err != nil {
+		return l, fmt.Errorf("nats: limits of %s: stream %s: %w", queue, d.names.stream, err)
+	}
+	if age := st.CachedInfo().Config.MaxAge; age > 0 {
+		l.Retention = age
+		l.RetentionSetting = fmt.Sprintf("the MaxAge of JetStream stream %q", d.names.stream)
+	}
+	return l, nil
+}

@@ -21,7 +21,7 @@ const (
 // checkBrokerLimits reads the broker's limits for the queue, when the
 // adapter reports them, and checks the worker's settings against them.
 func (w *Worker) checkBrokerLimits(ctx context.Context) error {
-	lr, ok := w.cfg.Broker.(broker.LimitReporter)
+	lr, ok := limitReporter(w.cfg.Broker)
 	if !ok {
 		return nil
 	}
@@ -30,6 +30,23 @@ func (w *Worker) checkBrokerLimits(ctx context.Context) error {
 		return fmt.Errorf("worker: read the broker's limits of %s: %w", w.cfg.Queue, err)
 	}
 	return CheckLimits(w.cfg, w.caps, l)
+}
+
+// limitReporter finds the broker.LimitReporter of b, looking through
+// wrappers that expose the broker they wrap with Unwrap() broker.Broker
+// (tracing.WrapBroker).
+func limitReporter(b broker.Broker) (broker.LimitReporter, bool) {
+	for range 10 {
+		if lr, ok := b.(broker.LimitReporter); ok {
+			return lr, true
+		}
+		u, ok := b.(interface{ Unwrap() broker.Broker })
+		if !ok {
+			return nil, false
+		}
+		b = u.Unwrap()
+	}
+	return nil, false
 }
 
 // CheckLimits reports the first of cfg's settings that contradicts the
@@ -70,19 +87,19 @@ func CheckLimits(cfg Config, caps broker.Capabilities, l broker.Limits) error {
 		attempts = al.AttemptLimit()
 	}
 	if l.DeliveryLimit > 0 && attempts >= l.DeliveryLimit {
-		return bad("%s %d contradicts %s %d: %s moves a message away by itself after %d deliveries, before the worker's attempt %d could run or dead-letter it with its reason; "+
-			"set --max-attempts to at most %d, or raise the broker's setting to at least %d",
-			settingMaxAttempts, attempts, l.DeliveryLimitSetting, l.DeliveryLimit, caps.Name, l.DeliveryLimit, l.DeliveryLimit, l.DeliveryLimit-1, attempts+1)
+		return bad("%s = %d contradicts %s = %d: %s gives up on a message by itself after %d deliveries (moves it to its own DLQ, drops it or stops delivering it), so a message that keeps failing (or is redelivered once after a crash) is gone before the worker's last attempt %d, without its reason; "+
+			"set --max-attempts to at most %d, or raise %s to at least %d",
+			settingMaxAttempts, attempts, l.DeliveryLimitSetting, l.DeliveryLimit, caps.Name, l.DeliveryLimit, attempts, max(l.DeliveryLimit-1, 1), l.DeliveryLimitSetting, attempts+1)
 	}
 	if l.MaxAckDeadline > 0 && ackDeadline > l.MaxAckDeadline {
-		return bad("%s %v contradicts %s: %s holds an ack deadline of at most %v; set %s to %v or less",
+		return bad("%s = %v contradicts %s: %s holds an ack deadline of at most %v; set %s to %v or less",
 			settingAckDeadline, ackDeadline, l.MaxAckDeadlineSetting, caps.Name, l.MaxAckDeadline, settingAckDeadline, l.MaxAckDeadline)
 	}
 	if l.SettleTimeout > 0 && cfg.HandlerTimeout >= l.SettleTimeout {
-		return bad("%s %v contradicts %s %v: %s takes a delivery back after %v unsettled, however often the worker extends it, so a handler running that long is redelivered and runs twice; "+
-			"set %s below %v, e.g. %v, or raise the broker's setting above %v",
+		return bad("%s = %v contradicts %s = %v: %s takes a delivery back after %v unsettled, however often the worker extends it, so a handler running that long is redelivered and runs twice; "+
+			"set %s below %v, e.g. %v",
 			settingHandlerTimeout, cfg.HandlerTimeout, l.SettleTimeoutSetting, l.SettleTimeout, caps.Name, l.SettleTimeout,
-			settingHandlerTimeout, l.SettleTimeout, suggestBelow(l.SettleTimeout), cfg.HandlerTimeout)
+			settingHandlerTimeout, l.SettleTimeout, suggestBelow(l.SettleTimeout))
 	}
 	if l.Retention > 0 && attempts > 1 {
 		var total time.Duration
@@ -98,7 +115,7 @@ func CheckLimits(cfg Config, caps broker.Capabilities, l broker.Limits) error {
 			total += max(d, 0)
 		}
 		if total >= l.Retention {
-			return bad("%s: a message failing every attempt waits %v in all before attempt %d, which contradicts %s %v: %s deletes a message that long after it was sent, also while a retry waits; "+
+			return bad("%s: a message failing every attempt waits %v in all before attempt %d, which contradicts %s = %v: %s deletes a message that long after it was sent, also while a retry waits; "+
 				"shorten --retry-delay or lower --max-attempts so the delays add up to less than %v",
 				settingRetryDelays, total, attempts, l.RetentionSetting, l.Retention, caps.Name, l.Retention)
 		}

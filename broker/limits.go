@@ -70,3 +70,39 @@ type LimitReporter interface {
 	// ErrClosed after Close.
 	Limits(ctx context.Context, queue string) (Limits, error)
 }
+
+// Backlog is what waits in one queue, for the brokers that delete unread
+// messages by age and cannot send them to a DLQ (Kafka retention, SQS
+// MessageRetentionPeriod, a JetStream MaxAge): an operator is warned
+// while OldestAge is still well below Retention (the Prometheus rule
+// FerryQueueNearRetention, compose/prometheus/alerts.yml).
+type Backlog struct {
+	// Messages is the number of messages stored and not yet settled by the
+	// queue's consumers (Kafka: the consumer group's lag, records after
+	// its committed offsets; NATS: the consumer's pending and
+	// unacknowledged messages; SQS: ApproximateNumberOfMessages, visible,
+	// in flight and delayed). Approximate on every broker.
+	Messages int64
+	// OldestAge is the age of the oldest of them (Kafka: the timestamp of
+	// the record at the committed offset; NATS: of the first unacknowledged
+	// stream message); 0 when there is none or the broker does not tell
+	// (SQS reports it only as the CloudWatch metric
+	// ApproximateAgeOfOldestMessage).
+	OldestAge time.Duration
+	// Retention is the age at which the broker deletes a message whether
+	// or not it was read (Kafka: the topic's retention.ms; SQS: the
+	// queue's MessageRetentionPeriod; NATS: the stream's MaxAge); 0:
+	// never.
+	Retention time.Duration
+}
+
+// BacklogReporter is implemented by adapters that can tell a queue's
+// Backlog. ferry's metrics read it at every scrape
+// (ferry_queue_messages, ferry_queue_oldest_message_age_seconds,
+// ferry_queue_retention_seconds).
+type BacklogReporter interface {
+	// Backlog reads the backlog of the named declared queue from the
+	// server; it honours ctx. Returns ErrUnknownQueue (wrapped) for a
+	// queue Declare did not declare, and ErrClosed after Close.
+	Backlog(ctx context.Context, queue string) (Backlog, error)
+}

@@ -139,6 +139,21 @@
 // TIME (ListOffsets by timestamp, then OffsetCommit). Kafka accepts such a
 // commit only for an empty group: stop the queue's workers first.
 //
+// # Retention
+//
+// Kafka deletes records by the topic's retention.ms (the broker's
+// log.retention.hours, 7 days by default, for the work topics ferry
+// creates), read or not: a group that falls that far behind loses the
+// records it did not read, and no DLQ sees them. ferry cannot route them
+// anywhere, so it warns before: the adapter reports each queue's consumer
+// lag (records after the group's committed offsets), the age of the
+// oldest unread record and the topic's retention.ms (broker.Backlog), as
+// ferry_queue_messages, ferry_queue_oldest_message_age_seconds and
+// ferry_queue_retention_seconds; the Prometheus rule FerryQueueNearRetention
+// fires when the oldest unread record is past half the retention. Kafka has
+// no setting the worker's must agree with (see package worker): heartbeats
+// run independently of handlers.
+//
 // # Capabilities
 //
 // NativeDelay false (retry levels), Ordering OrderingKey, Wildcards true,

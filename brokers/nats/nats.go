@@ -661,3 +661,42 @@ func (b *natsBroker) Limits(ctx context.Context, queue string) (broker.Limits, e
 	}
 	return l, nil
 }
+
+var _ broker.BacklogReporter = (*natsBroker)(nil)
+
+// Backlog implements broker.BacklogReporter: the queue's consumer's
+// pending and unacknowledged messages (a retry waiting for its delay is
+// one), the age of the first unacknowledged message on the consumer's
+// filter subjects (one stream message lookup per filter), and the
+// stream's MaxAge as the retention (0 as ferry declares it: JetStream
+// keeps a message until every queue bound to it acknowledged it).
+func (b *natsBroker) Backlog(ctx context.Context, queue string) (broker.Backlog, error) {
+	var bl broker.Backlog
+	d, qi, err := b.declaredQueue(queue)
+	if err != nil {
+		return bl, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	cons, err := b.js.Consumer(ctx, d.names.stream, qi.consumer)
+	if err != nil {
+		return bl, fmt.Errorf("nats: backlog of %s: consumer %s on stream %s: %w", queue, qi.consumer, d.names.stream, err)
+	}
+	info := cons.CachedInfo()
+	bl.Messages = int64(info.NumPending) + int64(info.NumAckPending)
+	st, err := b.js.Stream(ctx, d.names.stream)
+	if err != nil {
+		return bl, fmt.Errorf("nats: backlog of %s: stream %s: %w", queue, d.names.stream, err)
+	}
+	bl.Retention = st.CachedInfo().Config.MaxAge
+	if bl.Messages > 0 {
+		now := time.Now()
+		for _, f := range consumerFilters(info.Config) {
+			m, err := st.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(f))
+			if err == nil && !m.Time.IsZero() {
+				bl.OldestAge = max(bl.OldestAge, now.Sub(m.Time))
+			}
+		}
+	}
+	return bl, nil
+}

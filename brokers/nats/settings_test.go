@@ -65,3 +65,31 @@ func TestWorkerRefusesMaxDeliverBelowMaxAttempts(t *testing.T) {
 	}
 	require.NoError(t, run(2), "the value the error names works")
 }
+
+// TestBacklog: the queue's consumer's pending messages and the age of
+// the oldest are reported (ferry_queue_messages,
+// ferry_queue_oldest_message_age_seconds), with no retention: ferry's
+// stream keeps a message until every queue acknowledged it.
+func TestBacklog(t *testing.T) {
+	b := newBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tp := broker.Topology{Exchange: testenv.UniqueName("backlog"), Queues: []broker.Queue{{
+		Name: testenv.UniqueName("backlog.q"), Bindings: []string{"evt.*"}}}}
+	require.NoError(t, b.Declare(ctx, tp))
+	br := b.(*cleaningBroker).Broker.(broker.BacklogReporter)
+	queue := tp.Queues[0].Name
+	bl, err := br.Backlog(ctx, queue)
+	require.NoError(t, err)
+	require.Equal(t, broker.Backlog{}, bl)
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "1", Type: "evt.a"}, {ID: "2", Type: "evt.b"}, {ID: "3", Type: "evt.c"}}))
+	time.Sleep(time.Second)
+	bl, err = br.Backlog(ctx, queue)
+	require.NoError(t, err)
+	t.Logf("backlog: %+v", bl)
+	require.Equal(t, int64(3), bl.Messages)
+	require.GreaterOrEqual(t, bl.OldestAge, 900*time.Millisecond)
+	require.Zero(t, bl.Retention)
+	_, err = br.Backlog(ctx, "nope")
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+}

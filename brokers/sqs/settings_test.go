@@ -79,3 +79,26 @@ func TestWorkerRefusesContradictingSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestBacklog: the work queue's approximate message count and its
+// retention are reported (ferry_queue_messages,
+// ferry_queue_retention_seconds); SQS tells the age of the oldest message
+// only in CloudWatch, so OldestAge is 0.
+func TestBacklog(t *testing.T) {
+	tp := topology("backlog", "evt.backlog")
+	b := declaredRaw(t, config(), tp)
+	ctx := ctxFor(t, 30*time.Second)
+	queue := tp.Queues[0].Name
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "1", Type: "evt.backlog"}, {ID: "2", Type: "evt.backlog"}}))
+	var bl broker.Backlog
+	require.Eventually(t, func() bool {
+		var err error
+		bl, err = b.Backlog(ctx, queue)
+		require.NoError(t, err)
+		return bl.Messages == 2
+	}, 10*time.Second, 200*time.Millisecond, "approximate count: %+v", bl)
+	require.Equal(t, 14*24*time.Hour, bl.Retention)
+	require.Zero(t, bl.OldestAge)
+	_, err := b.Backlog(ctx, "nope")
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+}

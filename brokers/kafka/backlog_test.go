@@ -1,0 +1,73 @@
+package kafka_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/kafka"
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// TestBacklogAgainstRetention: Kafka deletes records by the topic's
+// retention.ms whether a group read them or not, and no DLQ sees them,
+// so ferry reports each queue's lag, the age of its oldest unread record
+// and the topic's retention (the gauges the rule FerryQueueNearRetention
+// compares) before that happens. With a retention of 4 s, records left
+// unread for 2.5 s are past half of it; once consumed, the lag is 0.
+func TestBacklogAgainstRetention(t *testing.T) {
+	tp := topology("backlog")
+	b := declared(t, tp)
+	ctx := ctxFor(t, 60*time.Second)
+	queue := tp.Queues[0].Name
+	br, ok := b.(broker.BacklogReporter)
+	require.True(t, ok, "the Kafka adapter reports its backlog")
+
+	c := &kafkago.Client{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Timeout: 10 * time.Second}
+	res, err := c.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: kafka.TopicName(tp.Exchange),
+		Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{Name: "retention.ms", Value: "4000", ConfigOperation: kafkago.ConfigOperationSet}}}}})
+	require.NoError(t, err)
+	for _, r := range res.Resources {
+		require.NoError(t, r.Error)
+	}
+
+	bl, err := br.Backlog(ctx, queue)
+	require.NoError(t, err)
+	require.Zero(t, bl.Messages)
+	require.Zero(t, bl.OldestAge)
+
+	var msgs []*broker.Message
+	for i := range 5 {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprint(i), Type: "evt.x", Key: fmt.Sprint(i), Body: []byte("{}")})
+	}
+	require.NoError(t, b.Publish(ctx, msgs))
+	time.Sleep(2500 * time.Millisecond)
+	bl, err = br.Backlog(ctx, queue)
+	require.NoError(t, err)
+	t.Logf("backlog: %d records, oldest %v, retention %v", bl.Messages, bl.OldestAge, bl.Retention)
+	require.Equal(t, int64(5), bl.Messages, "the group's lag")
+	require.Equal(t, 4*time.Second, bl.Retention, "the topic's retention.ms")
+	require.Greater(t, bl.OldestAge.Seconds()/bl.Retention.Seconds(), 0.5, "past half the retention: FerryQueueNearRetention's condition")
+
+	sub, err := b.Subscribe(ctx, queue, broker.SubscribeOptions{Prefetch: 10})
+	require.NoError(t, err)
+	defer sub.Close()
+	for range 5 {
+		d, err := sub.Receive(ctx)
+		require.NoError(t, err)
+		require.NoError(t, d.Ack(ctx))
+	}
+	require.Eventually(t, func() bool {
+		bl, err = br.Backlog(ctx, queue)
+		require.NoError(t, err)
+		return bl.Messages == 0 && bl.OldestAge == 0
+	}, 20*time.Second, 200*time.Millisecond, "the lag falls to 0 once the records are consumed: %+v", bl)
+
+	_, err = br.Backlog(ctx, "no-such-queue")
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+}

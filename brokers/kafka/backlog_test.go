@@ -71,3 +71,23 @@ func TestBacklogAgainstRetention(t *testing.T) {
 	_, err = br.Backlog(ctx, "no-such-queue")
 	require.ErrorIs(t, err, broker.ErrUnknownQueue)
 }
+
+// TestSessionTimeoutOutsideBrokerRange: a Config.SessionTimeout the
+// broker does not accept (below group.min.session.timeout.ms, 6 s by
+// default) would make every join of the group fail; Subscribe refuses it
+// at once, naming both settings and a value that works.
+func TestSessionTimeoutOutsideBrokerRange(t *testing.T) {
+	tp := topology("session")
+	declared(t, tp) // creates the topics, deleted when the test ends
+	ctx := ctxFor(t, 30*time.Second)
+	b, err := kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), SessionTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.Declare(ctx, tp))
+	_, err = b.Subscribe(ctx, tp.Queues[0].Name, broker.SubscribeOptions{})
+	require.ErrorIs(t, err, broker.ErrUnsupported)
+	t.Log(err)
+	for _, w := range []string{"Config.SessionTimeout 2s", "group.min.session.timeout.ms 6s", "group.max.session.timeout.ms", "e.g. 10s"} {
+		require.Contains(t, err.Error(), w)
+	}
+}

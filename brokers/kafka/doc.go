@@ -150,9 +150,13 @@
 // oldest unread record and the topic's retention.ms (broker.Backlog), as
 // ferry_queue_messages, ferry_queue_oldest_message_age_seconds and
 // ferry_queue_retention_seconds; the Prometheus rule FerryQueueNearRetention
-// fires when the oldest unread record is past half the retention. Kafka has
-// no setting the worker's must agree with (see package worker): heartbeats
-// run independently of handlers.
+// fires when the oldest unread record is past half the retention. No
+// setting of the worker must agree with Kafka's (see package worker):
+// heartbeats run independently of handlers and kafka-go has no
+// max.poll.interval.ms. The adapter's own Config.SessionTimeout (also the
+// rebalance timeout) must lie within the broker's
+// group.min.session.timeout.ms and group.max.session.timeout.ms, else
+// every join would be refused: Subscribe checks it and refuses to start.
 //
 // # Capabilities
 //

@@ -13,18 +13,20 @@ import (
 
 var _ broker.BacklogReporter = (*kafkaBroker)(nil)
 
-// Backlog implements broker.BacklogReporter for a declared queue: the lag
-// of its consumer group on the work topic (records after the committed
-// offset of each partition, from the log start for a partition never
-// committed, as a new group starts at the earliest offset), the age of
-// the oldest of them (the timestamp of the first unread record of each
-// lagging partition, one fetch per such partition) and the topic's
+// Backlog implements broker.BacklogReporter for a declared queue, over
+// its work topic and its retry topics (a retry topic's records are read
+// only by a running subscription's forwarder, so they wait unread during
+// a worker outage too): Messages is the consumer group's lag summed over
+// them (records after the committed offset of each partition, from the
+// log start for a partition never committed, as a new group starts at the
+// earliest offset); OldestAge and Retention are those of the topic whose
+// oldest unread record (the timestamp of the first unread record of each
+// lagging partition, one fetch per such partition) is nearest its
 // retention.ms (0 for -1, no time limit). Kafka deletes records older
-// than the retention whether the group read them or not, so a lag whose
-// oldest record nears the retention is about to lose records (the
-// Prometheus rule FerryQueueNearRetention). The retry topics are not
-// counted: their records wait on purpose, and each keeps at least four
-// times its delay.
+// than the retention whether the group read them or not, so an oldest
+// record nearing the retention is about to be lost (the Prometheus rule
+// FerryQueueNearRetention). A healthy retry topic stays below a quarter
+// of it: its records wait their delay, and it keeps at least 4 × that.
 func (b *kafkaBroker) Backlog(ctx context.Context, queue string) (broker.Backlog, error) {
 	var bl broker.Backlog
 	if b.closed.Load() {
@@ -36,15 +38,7 @@ func (b *kafkaBroker) Backlog(ctx context.Context, queue string) (broker.Backlog
 	}
 	ctx, cancel := b.opContext(ctx)
 	defer cancel()
-	topic := qi.topic
-	ts, err := b.topics(ctx, []string{topic})
-	if err != nil {
-		return bl, fmt.Errorf("kafka: backlog of %s: %w", queue, err)
-	}
-	t, ok := ts[topic]
-	if !ok {
-		return bl, fmt.Errorf("kafka: backlog of %s: topic %s does not exist", queue, topic)
-	}
+	topics := append([]string{qi.topic}, qi.retryTopics...)
 	committed, err := b.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: GroupID(queue)})
 	if err != nil {
 		return bl, fmt.Errorf("kafka: backlog of %s: fetch committed offsets: %w", queue, err)
@@ -52,9 +46,42 @@ func (b *kafkaBroker) Backlog(ctx context.Context, queue string) (broker.Backlog
 	if committed.Error != nil {
 		return bl, fmt.Errorf("kafka: backlog of %s: fetch committed offsets: %w", queue, committed.Error)
 	}
-	done := map[int]int64{}
-	for _, p := range committed.Topics[topic] {
-		done[p.Partition] = p.CommittedOffset
+	retention, err := b.retentions(ctx, topics)
+	if err != nil {
+		return bl, fmt.Errorf("kafka: backlog of %s: %w", queue, err)
+	}
+	worst := -1.0
+	for _, topic := range topics {
+		lag, oldest, err := b.topicLag(ctx, topic, committed.Topics[topic])
+		if err != nil {
+			return bl, fmt.Errorf("kafka: backlog of %s: %w", queue, err)
+		}
+		bl.Messages += lag
+		ratio := 0.0
+		if r := retention[topic]; r > 0 {
+			ratio = oldest.Seconds() / r.Seconds()
+		}
+		if ratio > worst || (ratio == worst && oldest > bl.OldestAge) {
+			worst, bl.OldestAge, bl.Retention = ratio, oldest, retention[topic]
+		}
+	}
+	return bl, nil
+}
+
+// topicLag returns the records of topic after the committed offsets done
+// and the age of the oldest of them.
+func (b *kafkaBroker) topicLag(ctx context.Context, topic string, done []kafkago.OffsetFetchPartition) (lag int64, oldest time.Duration, err error) {
+	ts, err := b.topics(ctx, []string{topic})
+	if err != nil {
+		return 0, 0, err
+	}
+	t, ok := ts[topic]
+	if !ok {
+		return 0, 0, fmt.Errorf("topic %s does not exist", topic)
+	}
+	committed := map[int]int64{}
+	for _, p := range done {
+		committed[p.Partition] = p.CommittedOffset
 	}
 	var reqs []kafkago.OffsetRequest
 	for _, p := range t.Partitions {
@@ -62,21 +89,21 @@ func (b *kafkaBroker) Backlog(ctx context.Context, queue string) (broker.Backlog
 	}
 	lo, err := b.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
 	if err != nil {
-		return bl, fmt.Errorf("kafka: backlog of %s: list offsets: %w", queue, err)
+		return 0, 0, fmt.Errorf("list offsets of %s: %w", topic, err)
 	}
 	now := time.Now()
 	for _, po := range lo.Topics[topic] {
 		if po.Error != nil {
-			return bl, fmt.Errorf("kafka: backlog of %s: partition %d: %w", queue, po.Partition, po.Error)
+			return 0, 0, fmt.Errorf("topic %s partition %d: %w", topic, po.Partition, po.Error)
 		}
 		from := po.FirstOffset
-		if c, ok := done[po.Partition]; ok && c > from {
+		if c, ok := committed[po.Partition]; ok && c > from {
 			from = c
 		}
 		if po.LastOffset <= from {
 			continue
 		}
-		bl.Messages += po.LastOffset - from
+		lag += po.LastOffset - from
 		f, err := b.client.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: po.Partition, Offset: from,
 			MinBytes: 1, MaxBytes: int64(b.maxBytes) + 1<<20, MaxWait: 100 * time.Millisecond})
 		if err != nil || f.Error != nil || f.Records == nil {
@@ -91,25 +118,37 @@ func (b *kafkaBroker) Backlog(ctx context.Context, queue string) (broker.Backlog
 			}
 			if r.Offset >= from {
 				if !r.Time.IsZero() {
-					bl.OldestAge = max(bl.OldestAge, now.Sub(r.Time))
+					oldest = max(oldest, now.Sub(r.Time))
 				}
 				break
 			}
 		}
 	}
-	dc, err := b.client.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
-		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"retention.ms"}}}})
-	if err != nil {
-		return bl, fmt.Errorf("kafka: backlog of %s: describe topic %s: %w", queue, topic, err)
+	return lag, oldest, nil
+}
+
+// retentions reads the retention.ms of topics (0: none, for -1).
+func (b *kafkaBroker) retentions(ctx context.Context, topics []string) (map[string]time.Duration, error) {
+	var res []kafkago.DescribeConfigRequestResource
+	for _, t := range topics {
+		res = append(res, kafkago.DescribeConfigRequestResource{ResourceType: kafkago.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"retention.ms"}})
 	}
+	dc, err := b.client.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: res})
+	if err != nil {
+		return nil, fmt.Errorf("describe topics: %w", err)
+	}
+	out := map[string]time.Duration{}
 	for _, r := range dc.Resources {
+		if r.Error != nil {
+			return nil, fmt.Errorf("describe topic %s: %w", r.ResourceName, r.Error)
+		}
 		for _, e := range r.ConfigEntries {
 			if e.ConfigName == "retention.ms" {
 				if ms, err := strconv.ParseInt(e.ConfigValue, 10, 64); err == nil && ms > 0 {
-					bl.Retention = time.Duration(ms) * time.Millisecond
+					out[r.ResourceName] = time.Duration(ms) * time.Millisecond
 				}
 			}
 		}
 	}
-	return bl, nil
+	return out, nil
 }

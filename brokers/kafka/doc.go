@@ -146,8 +146,10 @@
 // creates), read or not: a group that falls that far behind loses the
 // records it did not read, and no DLQ sees them. ferry cannot route them
 // anywhere, so it warns before: the adapter reports each queue's consumer
-// lag (records after the group's committed offsets), the age of the
-// oldest unread record and the topic's retention.ms (broker.Backlog), as
+// lag (records after the group's committed offsets, on the work topic and
+// the queue's retry topics, whose records a stopped worker does not read
+// either), the age of the oldest unread record and its topic's
+// retention.ms (broker.Backlog), as
 // ferry_queue_messages, ferry_queue_oldest_message_age_seconds and
 // ferry_queue_retention_seconds; the Prometheus rule FerryQueueNearRetention
 // fires when the oldest unread record is past half the retention. No

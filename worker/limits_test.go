@@ -1,13 +1,19 @@
 package worker_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/worker"
+	"github.com/ferrymq/ferry/worker/workertest"
 )
 
 // TestCheckLimits: each pair of a worker setting and a broker limit that
@@ -135,4 +141,70 @@ func TestCheckLimitsUsesTopologyDelays(t *testing.T) {
 		broker.Limits{Retention: 14 * 24 * time.Hour, RetentionSetting: "MessageRetentionPeriod"})
 	require.ErrorIs(t, err, worker.ErrInvalidConfig)
 	require.Contains(t, err.Error(), "384h0m0s") // 4 retries of 4 days
+}
+
+// TestHandlerTimeoutBoundsAnAttempt: with HandlerTimeout the handler's
+// ctx ends that long after the call began; a handler that waits for it
+// fails the attempt, which is retried as any other failure, and the next
+// attempt gets a fresh bound.
+func TestHandlerTimeoutBoundsAnAttempt(t *testing.T) {
+	b := newRabbitMQ(t)
+	pool, _ := testenv.NewPool(t)
+	workertest.CreateSchema(t, pool)
+	base := testenv.UniqueName("htimeout")
+	tp := broker.Topology{Exchange: base + ".ex", Queues: []broker.Queue{{Name: base + ".work", Bindings: []string{"evt"},
+		RetryDelays: []time.Duration{100 * time.Millisecond}}}}
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(testenv.RabbitMQURL())
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			for _, n := range rabbitmq.QueueNames(tp.Queues[0]) {
+				_, _ = ch.QueueDelete(n, false, false, false)
+			}
+			_ = ch.ExchangeDelete(tp.Exchange, false, false)
+		}
+	})
+	type call struct {
+		attempt  int
+		deadline time.Duration
+		hasDL    bool
+		err      error
+	}
+	calls := make(chan call, 10)
+	w, err := worker.New(worker.Config{Consumer: "htimeout", Queue: tp.Queues[0].Name, Topology: tp, Pool: pool, Broker: b,
+		HandlerTimeout: 300 * time.Millisecond,
+		Policy:         worker.BackoffPolicy{MaxAttempts: 3, Delays: []time.Duration{100 * time.Millisecond}},
+		Handler: func(ctx context.Context, _ pgx.Tx, msg *broker.Message) error {
+			dl, ok := ctx.Deadline()
+			c := call{attempt: msg.Attempt, deadline: time.Until(dl), hasDL: ok}
+			if msg.Attempt == 1 {
+				<-ctx.Done()
+				c.err = ctx.Err()
+			}
+			calls <- c
+			return c.err
+		}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Eventually(t, func() bool { return b.Declare(ctx, tp) == nil }, 10*time.Second, 100*time.Millisecond)
+	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "1", Type: "evt", Body: []byte("{}")}}))
+	first := <-calls
+	require.Equal(t, 1, first.attempt)
+	require.True(t, first.hasDL, "the handler's ctx has the HandlerTimeout deadline")
+	require.ErrorIs(t, first.err, context.DeadlineExceeded)
+	require.LessOrEqual(t, first.deadline, 300*time.Millisecond)
+	select {
+	case second := <-calls:
+		require.Equal(t, 2, second.attempt, "the timed-out attempt is retried")
+		require.Greater(t, second.deadline, 200*time.Millisecond, "a fresh bound per attempt")
+		require.NoError(t, second.err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the timed-out attempt was not retried")
+	}
 }

@@ -185,7 +185,9 @@
 //     must be below the broker's delivery limit, the deliveries after
 //     which it gives up on a message by itself: SQS
 //     sqs.Config.MaxReceiveCount (the queue's RedrivePolicy), a JetStream
-//     consumer's MaxDeliver set by an operator;
+//     consumer's MaxDeliver set by an operator, a RabbitMQ policy's
+//     delivery-limit on a quorum queue (read with
+//     rabbitmq.Config.ManagementURL);
 //   - AckDeadline at most the broker's longest ack deadline (SQS 12 h);
 //   - HandlerTimeout (--handler-timeout), when set, below the broker's
 //     settle limit (RabbitMQ consumer_timeout, rabbitmq.Config.ConsumerTimeout;
@@ -198,10 +200,12 @@
 //
 // Kafka has none of these: kafka-go heartbeats from a goroutine of its own
 // and has no max.poll.interval.ms, so a long handler never costs its
-// partitions, and retry topics keep a record at least 4 × its delay. A
-// RabbitMQ quorum queue's delivery-limit set by a policy cannot be read
-// over AMQP; what it drops reaches the DLQ through the work queue's
-// dead-letter exchange (package rabbitmq).
+// partitions, and retry topics keep a record at least 4 × its delay
+// (its Config.SessionTimeout is checked against the broker's range by
+// Subscribe). A RabbitMQ policy's delivery-limit cannot be read over AMQP:
+// without rabbitmq.Config.ManagementURL it is not checked, and what it
+// drops reaches the DLQ through the work queue's dead-letter exchange
+// (package rabbitmq).
 //
 // # Concurrency and shutdown
 //

@@ -87,7 +87,7 @@ func CheckLimits(cfg Config, caps broker.Capabilities, l broker.Limits) error {
 		attempts = al.AttemptLimit()
 	}
 	if l.DeliveryLimit > 0 && attempts >= l.DeliveryLimit {
-		return bad("%s = %d contradicts %s = %d: %s gives up on a message by itself after %d deliveries (moves it to its own DLQ, drops it or stops delivering it), so a message that keeps failing (or is redelivered once after a crash) is gone before the worker's last attempt %d, without its reason; "+
+		return bad("%s = %d contradicts %s = %d: %s gives up on a message by itself after %d deliveries (moves it to its own DLQ, drops it or stops delivering it); each attempt needs a delivery (a retry in place, a redelivery after a crash or a lost settlement), so such a message is taken away before the worker's last attempt %d, without its reason; "+
 			"set --max-attempts to at most %d, or raise %s to at least %d",
 			settingMaxAttempts, attempts, l.DeliveryLimitSetting, l.DeliveryLimit, caps.Name, l.DeliveryLimit, attempts, max(l.DeliveryLimit-1, 1), l.DeliveryLimitSetting, attempts+1)
 	}

@@ -140,7 +140,11 @@
 //
 // Config.ConsumerTimeout says what the server's consumer_timeout is (AMQP
 // cannot read it; 30 minutes by default); Limits reports it, and a worker
-// whose HandlerTimeout is not shorter refuses to start.
+// whose HandlerTimeout is not shorter refuses to start. With
+// Config.ManagementURL, Limits also reads the queue's effective
+// delivery-limit (a policy's, applied over ferry's x-delivery-limit) from
+// the management API, and a worker whose attempts are not below it
+// refuses to start.
 // Classic queues have no delivery limit. Message TTL and at-least-once
 // dead-lettering of quorum queues need RabbitMQ 3.10 or later.
 //

@@ -126,6 +126,15 @@ type Config struct {
 	// DefaultConsumerTimeout (30 min, RabbitMQ's default); negative: the
 	// server has none.
 	ConsumerTimeout time.Duration
+	// ManagementURL, when set, is the base URL of the server's management
+	// HTTP API, e.g. "http://user:password@127.0.0.1:15672" (without
+	// credentials, those of URL are used). Limits then reads each queue's
+	// effective delivery-limit there (an operator policy's or the
+	// x-delivery-limit argument, the lower), which AMQP cannot tell, so the
+	// worker refuses attempts that the limit would cut short; the API
+	// must answer then, or the worker does not start. Empty: no such
+	// check.
+	ManagementURL string
 	// Logger receives connection losses and reconnections. Defaults to
 	// slog.Default(). The adapter adds the attribute broker=rabbitmq to
 	// every line, so do not add a "broker" attribute to Logger yourself.
@@ -178,15 +187,19 @@ const DefaultConsumerTimeout = 30 * time.Minute
 
 var _ broker.LimitReporter = (*rabbit)(nil)
 
-// Limits implements broker.LimitReporter without I/O: SettleTimeout is
-// Config.ConsumerTimeout (none when negative). DeliveryLimit is 0: ferry
-// declares quorum queues with x-delivery-limit QuorumDeliveryLimit, and a
-// retry is a new message in a retry level, so no attempt counts towards
-// it; an operator policy's lower delivery-limit (which RabbitMQ applies
-// over the argument) cannot be read over AMQP, and what it drops reaches
-// the DLQ through the work queue's dead-letter exchange, listed with the
-// reason "delivery_limit". Returns broker.ErrUnknownQueue for a queue not
-// declared on this broker, broker.ErrClosed after Close.
+// Limits implements broker.LimitReporter: SettleTimeout is
+// Config.ConsumerTimeout (none when negative). DeliveryLimit is, with
+// Config.ManagementURL, the queue's effective delivery-limit read from the
+// management API (an operator policy's delivery-limit, which RabbitMQ
+// applies over ferry's higher x-delivery-limit argument); each redelivery
+// of a delivery whose settlement was lost counts towards it, and so does
+// the worker's attempt for it. Without ManagementURL it is 0 and Limits
+// does no I/O: AMQP cannot read a policy, and what such a limit drops
+// still reaches the DLQ through the work queue's dead-letter exchange,
+// listed with the reason "delivery_limit". ferry's own retries are new
+// messages in a retry level and never count. Returns
+// broker.ErrUnknownQueue for a queue not declared on this broker,
+// broker.ErrClosed after Close.
 func (r *rabbit) Limits(ctx context.Context, queue string) (broker.Limits, error) {
 	if r.closed.Load() {
 		return broker.Limits{}, broker.ErrClosed
@@ -201,6 +214,13 @@ func (r *rabbit) Limits(ctx context.Context, queue string) (broker.Limits, error
 	if r.cfg.ConsumerTimeout > 0 {
 		l.SettleTimeout = r.cfg.ConsumerTimeout
 		l.SettleTimeoutSetting = "rabbitmq.Config.ConsumerTimeout (the server's consumer_timeout)"
+	}
+	if r.cfg.ManagementURL != "" {
+		n, setting, err := r.deliveryLimit(ctx, queue)
+		if err != nil {
+			return l, err
+		}
+		l.DeliveryLimit, l.DeliveryLimitSetting = n, setting
 	}
 	return l, nil
 }

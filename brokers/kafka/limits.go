@@ -17,10 +17,11 @@ import (
 // defaults: 6 s and 30 min): the broker answers every JoinGroup of such a
 // member with INVALID_SESSION_TIMEOUT, so the subscription would never
 // get a partition. The error wraps broker.ErrUnsupported and names both
-// settings and the range. A broker that does not answer the question is
-// not an error here (the join reports it).
+// settings and the range. A broker that does not answer within
+// Config.DialTimeout is not an error here (the subscription waits for it
+// as before, and the join reports a bad timeout then).
 func (b *kafkaBroker) checkSessionTimeout(ctx context.Context) error {
-	ctx, cancel := b.opContext(ctx)
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.DialTimeout)
 	defer cancel()
 	md, err := b.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{}})
 	if err != nil || len(md.Brokers) == 0 {

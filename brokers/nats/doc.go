@@ -21,10 +21,10 @@
 //
 // ferry declares the exchange's stream with interest retention and no
 // MaxAge, MaxMsgs or MaxBytes, and Declare resets those on every start
-// (CreateOrUpdateStream), so JetStream itself never deletes a message
-// that a queue's consumer has not acknowledged; when the account's or
-// server's storage is full, publishes fail (the relay retries) rather
-// than old messages being dropped. The consumer is created with
+// (CreateOrUpdateStream), so no limit of the stream deletes a message
+// that a queue's consumer has not acknowledged (the stream's DiscardOld
+// applies only to the stream's own limits; a full account or server
+// refuses new publishes, which the relay retries). The consumer is created with
 // MaxDeliver -1, but Declare keeps an existing consumer's MaxDeliver: an
 // operator's `nats consumer edit --max-deliver N` makes JetStream stop
 // delivering a message after N deliveries (every retry's Nak counts),

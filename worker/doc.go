@@ -191,8 +191,9 @@
 //   - AckDeadline at most the broker's longest ack deadline (SQS 12 h);
 //   - HandlerTimeout (--handler-timeout), when set, below the broker's
 //     settle limit (RabbitMQ consumer_timeout, rabbitmq.Config.ConsumerTimeout;
-//     SQS 12 h after a receive); Delivery.Extend runs every AckDeadline/3,
-//     so the ack deadline itself never expires under a running handler;
+//     SQS 12 h after a receive); the ack deadline itself is kept from
+//     expiring under a running handler by Delivery.Extend every
+//     AckDeadline/3, so it needs no such bound;
 //   - the policy's delays added up over its attempts (--retry-delay,
 //     --max-attempts) below the broker's retention of a message retried in
 //     place (SQS MessageRetentionPeriod, 14 days; the delays are also each

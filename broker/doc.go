@@ -60,6 +60,19 @@
 // refused, a timeout, a DNS failure) can pass, and a caller that waits for
 // its broker retries it.
 //
+// # What the broker does on its own
+//
+// A broker may give up on a message by itself: after a number of
+// deliveries (SQS redrive, JetStream MaxDeliver, a RabbitMQ
+// delivery-limit), past a length or age limit (RabbitMQ policies, Kafka
+// retention, SQS retention). Adapters whose broker has such limits that a
+// worker's settings must agree with implement LimitReporter, and package
+// worker refuses to start against them; a message RabbitMQ drops still
+// reaches the queue's DLQ (its dead-letter exchange), listed with the
+// broker's reason; where no DLQ can catch it (Kafka, JetStream, SQS
+// retention), the adapter implements BacklogReporter, so an alert fires
+// while the oldest unread message is still well within the retention.
+//
 // Package brokertest is the conformance suite every adapter runs
 // (RunConformance), with RunConnectErrors for New's errors.
 package broker

@@ -21,6 +21,17 @@
 //	ferry_worker_settle_failures_total{op,reason}  counter    settlements the broker did not take:
 //	                                                          op ack, retry, dead_letter, extend;
 //	                                                          reason broker.SettleReason's
+//	ferry_queue_messages{queue}                    gauge      messages waiting in the queue (Kafka: lag)
+//	ferry_queue_oldest_message_age_seconds{queue}  gauge      age of the oldest of them (0: none, or SQS)
+//	ferry_queue_retention_seconds{queue}           gauge      age at which the broker deletes them, read or not (0: never)
+//
+// The three queue gauges are read from the broker at scrape time by a
+// QueueCollector, on the worker's process, for the brokers that report a
+// backlog (broker.BacklogReporter: Kafka, NATS, SQS). They exist for the
+// deletions no DLQ sees (Kafka retention.ms, a JetStream MaxAge, SQS's
+// retention): the rule FerryQueueNearRetention fires when the oldest
+// message is past half the retention. RabbitMQ dead-letters what it drops
+// to the queue's DLQ instead (package rabbitmq).
 //
 // The outbox gauges are read from the database at scrape time by an
 // OutboxCollector (with a short timeout), so they are right on every

@@ -188,6 +188,42 @@
 // subtransaction IDs. Config.Prefetch defaults to Concurrency × BatchSize
 // so every goroutine can fill its batch.
 //
+// # Settings that must agree with the broker
+//
+// Some of the worker's settings only work within limits the broker sets
+// on its side, and a contradiction used to show only when a message was
+// lost to it. Run reads the broker's limits for the queue after Declare
+// (broker.LimitReporter, implemented by the SQS, NATS and RabbitMQ
+// adapters) and refuses to start with an error wrapping ErrInvalidConfig
+// that names both settings and a value that works (CheckLimits):
+//
+//   - the policy's attempts (BackoffPolicy.MaxAttempts, --max-attempts)
+//     must be below the broker's delivery limit, the deliveries after
+//     which it gives up on a message by itself: SQS
+//     sqs.Config.MaxReceiveCount (the queue's RedrivePolicy), a JetStream
+//     consumer's MaxDeliver set by an operator, a RabbitMQ policy's
+//     delivery-limit on a quorum queue (read with
+//     rabbitmq.Config.ManagementURL);
+//   - AckDeadline at most the broker's longest ack deadline (SQS 12 h);
+//   - HandlerTimeout (--handler-timeout), when set, below the broker's
+//     settle limit (RabbitMQ consumer_timeout, rabbitmq.Config.ConsumerTimeout;
+//     SQS 12 h after a receive); the ack deadline itself is kept from
+//     expiring under a running handler by Delivery.Extend every
+//     AckDeadline/3, so it needs no such bound;
+//   - the policy's delays added up over its attempts (--retry-delay,
+//     --max-attempts) below the broker's retention of a message retried in
+//     place (SQS MessageRetentionPeriod, 14 days; the delays are also each
+//     checked against broker.Capabilities.MaxDelay, 12 h on SQS).
+//
+// Kafka has none of these: kafka-go heartbeats from a goroutine of its own
+// and has no max.poll.interval.ms, so a long handler never costs its
+// partitions, and retry topics keep a record at least 4 × its delay
+// (its Config.SessionTimeout is checked against the broker's range by
+// Subscribe). A RabbitMQ policy's delivery-limit cannot be read over AMQP:
+// without rabbitmq.Config.ManagementURL it is not checked, and what it
+// drops reaches the DLQ through the work queue's dead-letter exchange
+// (package rabbitmq).
+//
 // # Concurrency and shutdown
 //
 // Run handles up to Config.Concurrency messages at once, with

@@ -280,6 +280,15 @@ type Config struct {
 	// while a handler runs, the worker calls Delivery.Extend every
 	// AckDeadline/3. Defaults to DefaultAckDeadline (30 s).
 	AckDeadline time.Duration
+	// HandlerTimeout bounds each call of Handler: its ctx is cancelled
+	// that long after the call began, and the handler's error (a context
+	// error, or what the handler made of it) is an ordinary failed
+	// attempt. It must be shorter than the broker's
+	// broker.Limits.SettleTimeout (RabbitMQ consumer_timeout, SQS 12 h
+	// per receive), which Run checks. Defaults to 0: no bound (the
+	// handler's own timeouts, e.g. the sample app's SMTP timeouts, are
+	// then all there is).
+	HandlerTimeout time.Duration
 	// Policy decides retries after ordinary handler errors. Defaults to
 	// BackoffPolicy{} (5 attempts) with the Topology queue's RetryDelays as
 	// Delays when Topology is set, else 30 s.
@@ -361,6 +370,8 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.AckDeadline %v: must not be negative", cfg.AckDeadline)
 	case cfg.ShutdownTimeout < 0:
 		return nil, bad("Config.ShutdownTimeout %v: must not be negative", cfg.ShutdownTimeout)
+	case cfg.HandlerTimeout < 0:
+		return nil, bad("Config.HandlerTimeout %v: must not be negative", cfg.HandlerTimeout)
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
@@ -444,7 +455,10 @@ func New(cfg Config) (*Worker, error) {
 // cancelled. It returns an error when
 // Declare or Subscribe fail with ctx still alive, or when the broker is
 // closed under it (wrapping broker.ErrClosed); ErrAlreadyRunning when
-// another Run of this Worker is active.
+// another Run of this Worker is active. Before subscribing it reads the
+// broker's limits for the queue (broker.LimitReporter) and returns an
+// error wrapping ErrInvalidConfig, naming both settings and a value that
+// works, when the worker's settings contradict them (see CheckLimits).
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -460,6 +474,12 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("worker: declare topology: %w", err)
 		}
+	}
+	if err := w.checkBrokerLimits(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	sub, err := w.cfg.Broker.Subscribe(ctx, w.cfg.Queue, broker.SubscribeOptions{
 		Prefetch:    w.cfg.Prefetch,
@@ -728,6 +748,11 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msg *broker.Message
 			w.log.Error("worker: handler panicked", "message_id", msg.ID, "attempt", msg.Attempt, "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
+	if w.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+		defer cancel()
+	}
 	return w.cfg.Handler(ctx, tx, msg)
 }
 

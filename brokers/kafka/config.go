@@ -34,8 +34,11 @@ type Config struct {
 	// DialTimeout bounds a TCP connection to a broker. Defaults to 5s.
 	DialTimeout time.Duration
 	// SessionTimeout is the consumer group session timeout: a worker that
-	// sends no heartbeat for that long loses its partitions. Defaults to
-	// 10s; the broker accepts 6s to 300s (group.min/max.session.timeout.ms).
+	// sends no heartbeat for that long loses its partitions; it is also
+	// the group's rebalance timeout. Defaults to 10s. The broker accepts
+	// group.min.session.timeout.ms to group.max.session.timeout.ms (6 s to
+	// 30 min by default); Subscribe refuses a value outside that range
+	// with broker.ErrUnsupported, naming both.
 	SessionTimeout time.Duration
 	// ClientID names the connections in the broker's logs and quotas.
 	// Defaults to "ferry".

@@ -182,6 +182,27 @@
 // TIME (ListOffsets by timestamp, then OffsetCommit). Kafka accepts such a
 // commit only for an empty group: stop the queue's workers first.
 //
+// # Retention
+//
+// Kafka deletes records by the topic's retention.ms (the broker's
+// log.retention.hours, 7 days by default, for the work topics ferry
+// creates), read or not: a group that falls that far behind loses the
+// records it did not read, and no DLQ sees them. ferry cannot route them
+// anywhere, so it warns before: the adapter reports each queue's consumer
+// lag (records after the group's committed offsets, on the work topic and
+// the queue's retry topics, whose records a stopped worker does not read
+// either), the age of the oldest unread record and its topic's
+// retention.ms (broker.Backlog), as
+// ferry_queue_messages, ferry_queue_oldest_message_age_seconds and
+// ferry_queue_retention_seconds; the Prometheus rule FerryQueueNearRetention
+// fires when the oldest unread record is past half the retention. No
+// setting of the worker must agree with Kafka's (see package worker):
+// heartbeats run independently of handlers and kafka-go has no
+// max.poll.interval.ms. The adapter's own Config.SessionTimeout (also the
+// rebalance timeout) must lie within the broker's
+// group.min.session.timeout.ms and group.max.session.timeout.ms, else
+// every join would be refused: Subscribe checks it and refuses to start.
+//
 // # Capabilities
 //
 // NativeDelay false (retry levels), Ordering OrderingKey, Wildcards true,

@@ -45,6 +45,9 @@ func (b *kafkaBroker) Subscribe(ctx context.Context, queue string, opts broker.S
 	if opts.Prefetch <= 0 {
 		opts.Prefetch = broker.DefaultPrefetch
 	}
+	if err := b.checkSessionTimeout(ctx); err != nil {
+		return nil, err
+	}
 	topics := append([]string{qi.topic}, qi.retryTopics...)
 	group, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
 		ID:                GroupID(queue),

@@ -17,6 +17,25 @@
 // broker.ErrUnsupported. Dead letters live in a second stream
 // <stream>-dlq (limits retention) on subject <stream>-dlq.<queue>.
 //
+// # Limits
+//
+// ferry declares the exchange's stream with interest retention and no
+// MaxAge, MaxMsgs or MaxBytes, and Declare resets those on every start
+// (CreateOrUpdateStream), so no limit of the stream deletes a message
+// that a queue's consumer has not acknowledged (the stream's DiscardOld
+// applies only to the stream's own limits; a full account or server
+// refuses new publishes, which the relay retries). The consumer is created with
+// MaxDeliver -1, but Declare keeps an existing consumer's MaxDeliver: an
+// operator's `nats consumer edit --max-deliver N` makes JetStream stop
+// delivering a message after N deliveries (every retry's Nak counts),
+// leaving it unacknowledged in the stream and in no DLQ. Limits reports
+// it, and a worker whose attempts are not below it refuses to start
+// (package worker, "Settings that must agree with the broker"); the
+// stream's MaxAge, when an operator set one since the last Declare, is
+// reported as the retention the retry delays must stay under.
+// ferry_queue_messages and ferry_queue_oldest_message_age_seconds show
+// the backlog of each queue's consumer.
+//
 // # Delivery semantics
 //
 // Delivery is at least once. Publish sends the batch asynchronously and

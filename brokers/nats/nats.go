@@ -673,3 +673,81 @@ func (b *natsBroker) removeSub(s *subscription) {
 	delete(b.subs, s)
 	b.mu.Unlock()
 }
+
+var _ broker.LimitReporter = (*natsBroker)(nil)
+
+// Limits implements broker.LimitReporter: it reads the queue's consumer
+// and its exchange's stream from the server. DeliveryLimit is the
+// consumer's MaxDeliver (ferry creates it with -1, no limit, and Declare
+// does not change it on an existing consumer, so an operator's
+// `nats consumer edit --max-deliver` stays in force: JetStream then stops
+// delivering a message after that many deliveries, every Nak of a retry
+// included, and it stays in the stream unacknowledged). Retention is the
+// stream's MaxAge (none as ferry declares it). Returns
+// broker.ErrUnknownQueue for a queue not declared on this broker,
+// broker.ErrClosed after Close.
+func (b *natsBroker) Limits(ctx context.Context, queue string) (broker.Limits, error) {
+	d, qi, err := b.declaredQueue(queue)
+	if err != nil {
+		return broker.Limits{}, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	var l broker.Limits
+	cons, err := b.js.Consumer(ctx, d.names.stream, qi.consumer)
+	if err != nil {
+		return l, fmt.Errorf("nats: limits of %s: consumer %s on stream %s: %w", queue, qi.consumer, d.names.stream, err)
+	}
+	if md := cons.CachedInfo().Config.MaxDeliver; md > 0 {
+		l.DeliveryLimit = md
+		l.DeliveryLimitSetting = fmt.Sprintf("the MaxDeliver of JetStream consumer %q on stream %q", qi.consumer, d.names.stream)
+	}
+	st, err := b.js.Stream(ctx, d.names.stream)
+	if err != nil {
+		return l, fmt.Errorf("nats: limits of %s: stream %s: %w", queue, d.names.stream, err)
+	}
+	if age := st.CachedInfo().Config.MaxAge; age > 0 {
+		l.Retention = age
+		l.RetentionSetting = fmt.Sprintf("the MaxAge of JetStream stream %q", d.names.stream)
+	}
+	return l, nil
+}
+
+var _ broker.BacklogReporter = (*natsBroker)(nil)
+
+// Backlog implements broker.BacklogReporter: the queue's consumer's
+// pending and unacknowledged messages (a retry waiting for its delay is
+// one), the age of the first unacknowledged message on the consumer's
+// filter subjects (one stream message lookup per filter), and the
+// stream's MaxAge as the retention (0 as ferry declares it: JetStream
+// keeps a message until every queue bound to it acknowledged it).
+func (b *natsBroker) Backlog(ctx context.Context, queue string) (broker.Backlog, error) {
+	var bl broker.Backlog
+	d, qi, err := b.declaredQueue(queue)
+	if err != nil {
+		return bl, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	cons, err := b.js.Consumer(ctx, d.names.stream, qi.consumer)
+	if err != nil {
+		return bl, fmt.Errorf("nats: backlog of %s: consumer %s on stream %s: %w", queue, qi.consumer, d.names.stream, err)
+	}
+	info := cons.CachedInfo()
+	bl.Messages = int64(info.NumPending) + int64(info.NumAckPending)
+	st, err := b.js.Stream(ctx, d.names.stream)
+	if err != nil {
+		return bl, fmt.Errorf("nats: backlog of %s: stream %s: %w", queue, d.names.stream, err)
+	}
+	bl.Retention = st.CachedInfo().Config.MaxAge
+	if bl.Messages > 0 {
+		now := time.Now()
+		for _, f := range consumerFilters(info.Config) {
+			m, err := st.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(f))
+			if err == nil && !m.Time.IsZero() {
+				bl.OldestAge = max(bl.OldestAge, now.Sub(m.Time))
+			}
+		}
+	}
+	return bl, nil
+}

@@ -117,7 +117,7 @@ func (m *connMgr) run() {
 		conn, err := m.dial()
 		if err == nil {
 			if t := m.r.topology(); t != nil {
-				if derr := declareOn(conn, *t, m.r.cfg.QueueType); derr != nil {
+				if derr := declareOn(conn, *t, m.r.cfg.QueueType, log); derr != nil {
 					// The topology was accepted before; a refusal now is
 					// logged, and the connection used for what still works.
 					log.Error("rabbitmq: re-declare after reconnect failed", "err", derr)

@@ -128,9 +128,51 @@
 // TTL on work queues and DLQs, so neither type drops or expires a message
 // by itself; the overflow behaviour only matters with a length limit,
 // which ferry never sets. Operator policies still apply: a policy with
-// max-length, delivery-limit or message-ttl on ferry's queues can drop
-// messages ferry meant to retry (where a policy and an argument both set a
-// limit, RabbitMQ applies the lower), so keep such policies off them.
+// max-length, delivery-limit or message-ttl on ferry's queues makes
+// RabbitMQ drop messages ferry meant to retry (where a policy and an
+// argument both set a limit, RabbitMQ applies the lower).
+//
+// # What RabbitMQ drops goes to the DLQ
+//
+// Each work queue is declared with x-dead-letter-exchange "" and
+// x-dead-letter-routing-key "<queue>.dlq": a message RabbitMQ drops by
+// itself (a policy's max-length or max-length-bytes with the default
+// drop-head overflow, message-ttl, a quorum queue's delivery-limit) is
+// dead-lettered straight to the queue's DLQ instead of vanishing.
+// DeadLetterQueue.List (`ferry dlq list`) shows such a message with
+// RabbitMQ's reason from its x-death header as LastError, e.g.
+// `rabbitmq: dropped by the broker from queue "q", x-death reason
+// "maxlen": ...` (reasons maxlen, expired, delivery_limit, rejected), and
+// DeadAt the x-death time; Replay sends it back without the x-death
+// headers. Classic queues and quorum queues without
+// x-dead-letter-strategy dead-letter at most once
+// (https://www.rabbitmq.com/docs/dlx#safety). What a DLQ itself drops
+// under a policy is gone: keep length limits and TTLs off the .dlq queues.
+//
+// Upgrades: a queue's arguments cannot change in place, and declaring a
+// queue with arguments it lacks fails with PRECONDITION_FAILED. So a work
+// queue that an older ferry declared without a dead-letter exchange is
+// kept as it is: Declare declares it again without one and logs a
+// warning with the policy that adds it (PolicyDLX:
+// `rabbitmqctl set_policy --apply-to queues ferry-dlx-<queue> '^<queue>$'
+// '{"dead-letter-exchange":"","dead-letter-routing-key":"<queue>.dlq"}'`).
+// RabbitMQ applies one policy per queue (the highest priority), so an
+// operator's own policy on the queue must carry these two keys too; on
+// queues ferry declared with the arguments, the arguments win over any
+// policy. To get the arguments instead, drain and delete the work queue;
+// the next Declare creates it with them. While processes of both versions
+// run, an older one declaring a queue a newer one created with the
+// arguments fails with PRECONDITION_FAILED naming x-dead-letter-exchange,
+// so upgrade the processes before creating new queues, and do not
+// downgrade past this version without deleting the queues.
+//
+// Config.ConsumerTimeout says what the server's consumer_timeout is (AMQP
+// cannot read it; 30 minutes by default); Limits reports it, and a worker
+// whose HandlerTimeout is not shorter refuses to start. With
+// Config.ManagementURL, Limits also reads the queue's effective
+// delivery-limit (a policy's, applied over ferry's x-delivery-limit) from
+// the management API, and a worker whose attempts are not below it
+// refuses to start.
 // Classic queues have no delivery limit. Message TTL and at-least-once
 // dead-lettering of quorum queues need RabbitMQ 3.10 or later.
 //

@@ -13,7 +13,15 @@
 // ("notifications__notifications-send-dlq"), both tagged ferry-exchange and
 // ferry-queue, with a 14-day retention and, on the work queue, a
 // RedrivePolicy to the DLQ with Config.MaxReceiveCount (100) as a safety
-// net. It reads back the attributes and tags it set; a queue that exists
+// net; a worker whose attempts are not below it refuses to start (Limits,
+// package worker "Settings that must agree with the broker"), as does one
+// with an AckDeadline or HandlerTimeout past SQS's 12-hour visibility
+// limit, or retry delays that add up past the 14-day retention (a message
+// retried in place keeps its send time, and SQS deletes it 14 days after
+// it, also unread). Nothing warns before that retention deletes an unread
+// message on a queue no worker reads: watch the CloudWatch metric
+// ApproximateAgeOfOldestMessage (SQS's GetQueueAttributes does not report
+// it) against the 14 days, and ferry_queue_messages for the backlog. It reads back the attributes and tags it set; a queue that exists
 // with others (another maxReceiveCount, a FIFO queue where a standard one
 // is declared, another ferry name) is an error wrapping
 // broker.ErrTopologyMismatch. Publish does the routing: each message goes

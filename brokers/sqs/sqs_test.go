@@ -98,6 +98,9 @@ type cleaningBroker struct {
 	fifo bool
 }
 
+// Unwrap returns the adapter, so the worker finds its broker.LimitReporter.
+func (c *cleaningBroker) Unwrap() broker.Broker { return c.Broker }
+
 func (c *cleaningBroker) Declare(ctx context.Context, t broker.Topology) error {
 	c.mu.Lock()
 	c.tops = append(c.tops, t)

@@ -73,6 +73,7 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 		metrics.OutboxUnprocessedRows: true, metrics.OutboxOldestAgeSeconds: true,
 		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true,
 		metrics.WorkerMessagesTotal: true, metrics.WorkerSettleFailures: true,
+		metrics.QueueOldestAgeSeconds: true, metrics.QueueRetentionSeconds: true, metrics.QueueMessages: true,
 	}
 	ops := []string{string(broker.SettleAck), string(broker.SettleRetry), string(broker.SettleDeadLetter), string(broker.SettleExtend)}
 	outcomes := []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate, metrics.OutcomeUnsettled}
@@ -173,4 +174,44 @@ func TestScrapeConfigLoadsTheRules(t *testing.T) {
 	require.Len(t, job.RelabelConfigs, 1)
 	require.Equal(t, []string{"__meta_dns_name"}, job.RelabelConfigs[0].SourceLabels)
 	require.Equal(t, "role", job.RelabelConfigs[0].TargetLabel)
+}
+
+// TestQueueNearRetentionRule: the rule compares the two backlog gauges of
+// package metrics per broker and queue, ignores queues without a
+// retention (0: kept until consumed) and fires at half of it, so that an
+// operator hears of a backlog before Kafka's retention (or a JetStream
+// MaxAge) deletes unread messages, which no DLQ sees.
+func TestQueueNearRetentionRule(t *testing.T) {
+	t.Parallel()
+	r, ok := parseRules(t)["FerryQueueNearRetention"]
+	require.True(t, ok)
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
+	require.NoError(t, err)
+	cmp, ok := expr.(*parser.BinaryExpr)
+	require.True(t, ok, "a comparison, got %T", expr)
+	require.Equal(t, ">", cmp.Op.String())
+	require.Equal(t, 0.5, cmp.RHS.(*parser.NumberLiteral).Val)
+	agg, ok := cmp.LHS.(*parser.AggregateExpr)
+	require.True(t, ok)
+	require.ElementsMatch(t, []string{metrics.BrokerLabel, metrics.QueueLabel}, agg.Grouping)
+	div, ok := unparen(agg.Expr).(*parser.BinaryExpr)
+	require.True(t, ok)
+	require.Equal(t, "/", div.Op.String())
+	require.Equal(t, metrics.QueueOldestAgeSeconds, div.LHS.(*parser.VectorSelector).Name)
+	filter, ok := unparen(div.RHS).(*parser.BinaryExpr)
+	require.True(t, ok, "the retention is filtered to > 0")
+	require.Equal(t, ">", filter.Op.String())
+	require.Equal(t, metrics.QueueRetentionSeconds, filter.LHS.(*parser.VectorSelector).Name)
+	require.Equal(t, 0.0, filter.RHS.(*parser.NumberLiteral).Val)
+	require.Equal(t, "critical", r.Labels["severity"])
+}
+
+func unparen(e parser.Expr) parser.Expr {
+	for {
+		p, ok := e.(*parser.ParenExpr)
+		if !ok {
+			return e
+		}
+		e = p.Expr
+	}
 }

@@ -80,6 +80,7 @@ const (
 	flagPollInterval    = "poll-interval"
 	flagRetention       = "retention"
 	flagShutdownTimeout = "shutdown-timeout"
+	flagHandlerTimeout  = "handler-timeout"
 	flagDebugFail       = "debug-fail-after-outbox"
 	flagDataDir         = "data-dir"
 	flagFormat          = "format"
@@ -201,6 +202,8 @@ func workerFlags() []cli.Flag {
 		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Category: catWorker, Usage: "attempts per message, the first included, before it goes to the DLQ"},
 		&cli.IntFlag{Name: flagPrefetch, Value: 10, EnvVars: env(flagPrefetch), Category: catWorker, Usage: "deliveries received and not yet settled"},
 		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Category: catWorker, Usage: "messages handled at once"},
+		&cli.DurationFlag{Name: flagHandlerTimeout, EnvVars: env(flagHandlerTimeout), Category: catWorker,
+			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, 30m by default; SQS 12h): the worker refuses to start otherwise"},
 	}
 }
 
@@ -316,6 +319,7 @@ type settings struct {
 	retention       time.Duration
 	retryWindow     time.Duration // outbox.RedeliveryWindowFor(retryDelays, max attempts; relay: worker.DefaultMaxAttempts)
 	shutdownTimeout time.Duration
+	handlerTimeout  time.Duration // 0: none
 	debugFail       bool
 	dataDir         string
 	// obs are the observability flags (nil for commands without them).
@@ -343,6 +347,7 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		batchSize:       c.Int(flagBatchSize),
 		pollInterval:    c.Duration(flagPollInterval),
 		shutdownTimeout: c.Duration(flagShutdownTimeout),
+		handlerTimeout:  c.Duration(flagHandlerTimeout),
 		debugFail:       c.Bool(flagDebugFail),
 		dataDir:         c.String(flagDataDir),
 		brokerOpts: BrokerOptions{
@@ -399,6 +404,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		if has(p.name) && p.v <= 0 {
 			return nil, usagef("--%s %v: must be positive", p.name, p.v)
 		}
+	}
+	if has(flagHandlerTimeout) && s.handlerTimeout < 0 {
+		return nil, usagef("--%s %v: must not be negative (0: no bound)", flagHandlerTimeout, s.handlerTimeout)
 	}
 	if has(flagRetention) {
 		attempts := worker.DefaultMaxAttempts

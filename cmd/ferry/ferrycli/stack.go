@@ -412,6 +412,7 @@ func (st *stack) runWorker(ctx context.Context) error {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
+	st.obs.registerBacklog(b, st.app.Queue())
 	if st.brokerReady != nil {
 		st.brokerReady()
 	}
@@ -427,6 +428,7 @@ func (st *stack) runWorker(ctx context.Context) error {
 			Prefetch:        st.s.prefetch,
 			Policy:          worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays},
 			ShutdownTimeout: st.s.shutdownTimeout,
+			HandlerTimeout:  st.s.handlerTimeout,
 			OnFailure:       st.app.OnFailure,
 			OnOutcome:       st.obs.onOutcome(st.onOutcome),
 			OnSettleFailure: st.obs.onSettleFailure(),

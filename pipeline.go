@@ -44,6 +44,12 @@ type Config struct {
 	// every other field to the worker package's defaults. Empty: no worker
 	// in this process.
 	Workers []worker.Config
+	// Periodic are the periodic jobs (Periodic) this process enqueues at
+	// their ticks, with a Scheduler on Pool: give every replica the same
+	// list, and each tick is enqueued once across them (package doc,
+	// "Periodic jobs"). Their events go through the outbox to the relay
+	// like any other. Empty: none.
+	Periodic []*PeriodicJob
 	// MaxMessageBytes is the largest message (broker.Message.Size, bytes)
 	// the application publishes; New refuses a broker that cannot carry it
 	// (broker.Capabilities.Check). 0: not checked.
@@ -57,9 +63,10 @@ type Config struct {
 // (Enqueue). Create it with New; the ferry command's relay, worker and
 // run commands are built on it.
 type Pipeline struct {
-	cfg     Config
-	relay   *outbox.Relay
-	workers []*worker.Worker
+	cfg       Config
+	relay     *outbox.Relay
+	workers   []*worker.Worker
+	scheduler *Scheduler
 }
 
 // New validates cfg and builds the relay and the workers it asks for. It
@@ -76,8 +83,8 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, bad("Config.Pool: required")
 	case cfg.Broker == nil:
 		return nil, bad("Config.Broker: required")
-	case cfg.Relay == nil && len(cfg.Workers) == 0:
-		return nil, bad("Config.Relay and Config.Workers: nothing to run (set a Relay, Workers, or both)")
+	case cfg.Relay == nil && len(cfg.Workers) == 0 && len(cfg.Periodic) == 0:
+		return nil, bad("Config.Relay, Config.Workers and Config.Periodic: nothing to run (set a Relay, Workers, Periodic jobs, or several)")
 	case cfg.MaxMessageBytes < 0:
 		return nil, bad("Config.MaxMessageBytes %d: must not be negative", cfg.MaxMessageBytes)
 	}
@@ -95,6 +102,13 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("ferry: %w", err)
 	}
 	p := &Pipeline{cfg: cfg}
+	if len(cfg.Periodic) > 0 {
+		s, err := NewScheduler(SchedulerConfig{Pool: cfg.Pool, Jobs: cfg.Periodic, Logger: cfg.Logger.With("component", "periodic")})
+		if err != nil {
+			return nil, fmt.Errorf("ferry: Config.Periodic: %w", err)
+		}
+		p.scheduler = s
+	}
 	if cfg.Relay != nil {
 		rc := *cfg.Relay
 		if rc.Pool == nil {
@@ -148,9 +162,10 @@ func (p *Pipeline) Relay() *outbox.Relay { return p.relay }
 // Workers returns the pipeline's workers in the order of Config.Workers.
 func (p *Pipeline) Workers() []*worker.Worker { return p.workers }
 
-// Run declares the topology, then runs the relay and the workers until
-// ctx is done and returns nil once they all stopped (each within its own
-// shutdown bound: outbox.Relay.Run, worker.Config.ShutdownTimeout). While
+// Run declares the topology, then runs the relay, the workers and the
+// periodic jobs' Scheduler until ctx is done and returns nil once they all
+// stopped (each within its own shutdown bound: outbox.Relay.Run,
+// worker.Config.ShutdownTimeout). While
 // the broker refuses Declare for a passing reason (unreachable), Run
 // retries it with backoff (0.5 s doubling to 5 s), so a service started
 // before its broker waits for it. It returns an error when Declare fails
@@ -170,6 +185,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	for _, w := range p.workers {
 		g.Go(func() error { return w.Run(gctx) })
+	}
+	if p.scheduler != nil {
+		g.Go(func() error { return p.scheduler.Run(gctx) })
 	}
 	return g.Wait()
 }

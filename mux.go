@@ -80,7 +80,8 @@ type Mux struct {
 
 type route struct {
 	pattern string
-	h       worker.Handler
+	h       worker.Handler    // Handle's; nil for a HandleSQL route
+	hs      worker.SQLHandler // HandleSQL's (mux_sql.go)
 }
 
 // NewMux returns an empty Mux.
@@ -120,7 +121,8 @@ func (m *Mux) Patterns() []string {
 }
 
 // Handler returns the handler the first matching pattern registered for
-// eventType, and that pattern; nil and "" when none matches.
+// eventType, and that pattern; nil and "" when none matches, nil and the
+// pattern when it was registered with HandleSQL.
 func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -136,12 +138,16 @@ func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 // worker.Config.Handler to mux.HandleMessage. It runs the handler of
 // msg.Type and returns its result; for a Type no pattern matches it
 // returns worker.Permanent of an error wrapping ErrNoHandler that names
-// the type and the registered patterns.
+// the type and the registered patterns, and for a handler registered with
+// HandleSQL one wrapping ErrWrongTransaction.
 func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 	if msg == nil {
 		return worker.Permanent(fmt.Errorf("%w: nil message", ErrNoHandler))
 	}
-	h, _ := m.Handler(msg.Type)
+	h, pattern := m.Handler(msg.Type)
+	if h == nil && pattern != "" {
+		return wrongTxForPgx(msg, pattern)
+	}
 	if h == nil {
 		return worker.Permanent(fmt.Errorf("%w %q (message %s; this worker handles: %s)",
 			ErrNoHandler, msg.Type, msg.ID, strings.Join(m.Patterns(), ", ")))

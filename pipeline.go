@@ -20,9 +20,9 @@ import (
 // of every optional field means its documented default, the same default
 // the ferry command uses for the matching flag.
 type Config struct {
-	// Pool is the PostgreSQL pool holding the outbox and
-	// processed_messages and worker_attempts (outbox.Migrate) and the
-	// handlers' tables.
+	// Pool is the PostgreSQL pool holding the outbox,
+	// processed_messages, worker_attempts and ferry_periodic
+	// (outbox.Migrate) and the handlers' tables.
 	// Required. Size it for the relay (outbox.RelayConfig.Pool) plus each
 	// worker's Concurrency.
 	Pool *pgxpool.Pool

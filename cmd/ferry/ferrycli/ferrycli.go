@@ -267,7 +267,7 @@ func redactURL(raw string) string {
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
-		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, notifications)",
+		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, ferry_periodic, notifications)",
 		Flags: concat(databaseFlags(), logFlags()),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")

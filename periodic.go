@@ -286,12 +286,22 @@ func (s *Scheduler) run(ctx context.Context, j *PeriodicJob) {
 // the outbox event. It returns the last_tick it found.
 func (s *Scheduler) fire(ctx context.Context, j *PeriodicJob, due time.Time, log *slog.Logger) (prev time.Time, err error) {
 	start := time.Now()
-	tx, err := s.cfg.Pool.Begin(ctx)
-	if err != nil {
+	// BEGIN and the lock in one round trip, as the worker's dedup does.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(claimLockSQL, j.name)
+	br := s.cfg.Pool.SendBatch(ctx, b)
+	tx := br.Tx() // nil when no connection was acquired
+	if _, err = br.Exec(); err == nil {
+		err = br.QueryRow().Scan(&prev)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if tx == nil {
 		return prev, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	err = tx.QueryRow(ctx, claimLockSQL, j.name).Scan(&prev)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The row was deleted under a running scheduler: register it
 		// again just before this tick.
@@ -305,12 +315,7 @@ func (s *Scheduler) fire(ctx context.Context, j *PeriodicJob, due time.Time, log
 	if !prev.Before(due) {
 		return prev, nil // another replica enqueued this tick (or a later one)
 	}
-	latest, missed := latestTick(j.schedule, prev, due)
-	if !latest.Equal(due) {
-		// due is no tick of the schedule after prev (the schedule
-		// changed): count what was skipped up to it all the same.
-		missed++
-	}
+	_, missed := latestTick(j.schedule, prev, due) // the ticks in (prev, due)
 	if _, err := tx.Exec(ctx, claimSQL, j.name, due); err != nil {
 		return prev, err
 	}

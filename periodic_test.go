@@ -57,3 +57,23 @@ func TestPeriodicRefusesBadJobs(t *testing.T) {
 	_, err = ferry.NewScheduler(ferry.SchedulerConfig{Jobs: []*ferry.PeriodicJob{j}})
 	require.ErrorContains(t, err, "SchedulerConfig.Pool")
 }
+
+// New takes Config.Periodic: periodic jobs alone are something to run, and
+// a nil job or two jobs of one name are refused, naming the field.
+func TestNewTakesPeriodicJobs(t *testing.T) {
+	bu := setup(t, "nats", "a.b")
+	j1, err := ferry.Periodic("j", "@every 1s", "a.b", struct{}{})
+	require.NoError(t, err)
+	j2, err := ferry.Periodic("j", "@hourly", "a.b", struct{}{})
+	require.NoError(t, err)
+	cfg := ferry.Config{Pool: bu.pool, Broker: bu.b, Topology: bu.topo, Periodic: []*ferry.PeriodicJob{j1}}
+	_, err = ferry.New(cfg)
+	require.NoError(t, err)
+	cfg.Periodic = []*ferry.PeriodicJob{j1, j2}
+	_, err = ferry.New(cfg)
+	require.ErrorIs(t, err, ferry.ErrInvalidConfig)
+	require.ErrorContains(t, err, `Config.Periodic[1]: name "j" used twice`)
+	cfg.Periodic = []*ferry.PeriodicJob{nil}
+	_, err = ferry.New(cfg)
+	require.ErrorContains(t, err, "Config.Periodic[0]: nil")
+}

@@ -102,6 +102,9 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("ferry: %w", err)
 	}
 	p := &Pipeline{cfg: cfg}
+	if err := validateJobs("Config.Periodic", cfg.Periodic); err != nil {
+		return nil, err
+	}
 	if len(cfg.Periodic) > 0 {
 		s, err := NewScheduler(SchedulerConfig{Pool: cfg.Pool, Jobs: cfg.Periodic, Logger: cfg.Logger.With("component", "periodic")})
 		if err != nil {

@@ -69,7 +69,9 @@ type JobHandler[T any] func(ctx context.Context, tx pgx.Tx, job *Job[T]) error
 // and never dropped.
 //
 // A Mux serves as the worker.Handler of a worker (Mux.HandleMessage), so
-// one worker handles several event types arriving on one queue. Register
+// one worker handles several event types arriving on one queue; a Mux of
+// HandleSQL handlers serves as its worker.SQLHandler
+// (Mux.HandleMessageSQL). Register
 // every handler before the worker runs; registering while it runs is safe
 // but a message may miss a handler registered after it arrived. The zero
 // Mux is empty and ready to use.

@@ -39,7 +39,8 @@ type Config struct {
 	// is a relay with the defaults). Nil: no relay in this process.
 	Relay *outbox.RelayConfig
 	// Workers are the workers to run, one per queue consumed, e.g.
-	// {Queue: "orders", Handler: mux.HandleMessage}. In each, Pool, Broker,
+	// {Queue: "orders", Handler: mux.HandleMessage}, or SQLHandler:
+	// mux.HandleMessageSQL for HandleSQL handlers. In each, Pool, Broker,
 	// Topology and Logger default to the Pipeline's and Consumer to Queue;
 	// every other field to the worker package's defaults. Empty: no worker
 	// in this process.

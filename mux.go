@@ -75,7 +75,9 @@ type JobHandler[T any] func(ctx context.Context, tx pgx.Tx, job *Job[T]) error
 // and never dropped.
 //
 // A Mux serves as the worker.Handler of a worker (Mux.HandleMessage), so
-// one worker handles several event types arriving on one queue. Register
+// one worker handles several event types arriving on one queue; a Mux of
+// HandleSQL handlers serves as its worker.SQLHandler
+// (Mux.HandleMessageSQL). Register
 // every handler before the worker runs; registering while it runs is safe
 // but a message may miss a handler registered after it arrived. The zero
 // Mux is empty and ready to use.
@@ -86,7 +88,8 @@ type Mux struct {
 
 type route struct {
 	pattern string
-	h       worker.Handler
+	h       worker.Handler    // Handle's; nil for a HandleSQL route
+	hs      worker.SQLHandler // HandleSQL's (mux_sql.go)
 }
 
 // NewMux returns an empty Mux.
@@ -126,7 +129,8 @@ func (m *Mux) Patterns() []string {
 }
 
 // Handler returns the handler the first matching pattern registered for
-// eventType, and that pattern; nil and "" when none matches.
+// eventType, and that pattern; nil and "" when none matches, nil and the
+// pattern when it was registered with HandleSQL.
 func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -142,12 +146,16 @@ func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 // worker.Config.Handler to mux.HandleMessage. It runs the handler of
 // msg.Type and returns its result; for a Type no pattern matches it
 // returns worker.Permanent of an error wrapping ErrNoHandler that names
-// the type and the registered patterns.
+// the type and the registered patterns, and for a handler registered with
+// HandleSQL one wrapping ErrWrongTransaction.
 func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 	if msg == nil {
 		return worker.Permanent(fmt.Errorf("%w: nil message", ErrNoHandler))
 	}
-	h, _ := m.Handler(msg.Type)
+	h, pattern := m.Handler(msg.Type)
+	if h == nil && pattern != "" {
+		return wrongTxForPgx(msg, pattern)
+	}
 	if h == nil {
 		return worker.Permanent(fmt.Errorf("%w %q (message %s; this worker handles: %s)",
 			ErrNoHandler, msg.Type, msg.ID, strings.Join(m.Patterns(), ", ")))

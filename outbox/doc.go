@@ -23,9 +23,13 @@
 //	worker_attempts(consumer TEXT, message_id TEXT, attempts INT,
 //	       last_error TEXT, dead BOOLEAN, first_failed_at TIMESTAMPTZ,
 //	       updated_at TIMESTAMPTZ, PRIMARY KEY (consumer, message_id))
+//	ferry_periodic(name TEXT PRIMARY KEY, last_tick TIMESTAMPTZ,
+//	       updated_at TIMESTAMPTZ)
 //
 // processed_messages is the deduplication table of package worker, and
 // worker_attempts its record of failed attempts (worker.AttemptsTable).
+// ferry_periodic holds the latest tick each periodic job enqueued
+// (package ferry, "Periodic jobs").
 // Event.AppID travels as the header broker.HeaderAppID.
 //
 // # Delivery semantics

@@ -26,9 +26,11 @@ var migrationFiles embed.FS
 
 // Migrate brings the outbox schema up to date on the database of pool: the
 // outbox table with its partial index outbox_unprocessed_idx (WHERE
-// processed_at IS NULL), and the processed_messages table the workers
-// deduplicate with. The SQL is embedded in the binary; the applied versions
-// are recorded in MigrationsTable. Running it again is a no-op, and
+// processed_at IS NULL), the processed_messages table the workers
+// deduplicate with, and the other tables of the package doc's "Schema"
+// (worker_attempts, ferry_periodic). The SQL is embedded in the binary;
+// the applied versions are recorded in MigrationsTable. Running it again
+// is a no-op, and
 // concurrent calls from several processes are serialised by an advisory
 // lock. Errors wrap ErrMigrate.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {

@@ -19,6 +19,10 @@
 //     commit together with the dedup row, or not at all.
 //  3. commits, and only then acks the delivery.
 //
+// With Config.SQLHandler instead of Handler the same transaction is a
+// database/sql one (pgx's stdlib driver over Config.Pool), handed to the
+// handler as a *sql.Tx; steps 1 to 3 are the same.
+//
 // Two consumers of one event (different Consumer names, each with its own
 // queue bound to the event type) each handle it once. Step 1 also reads
 // the message's attempt record (see "Attempts and lost settlements").

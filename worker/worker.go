@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -227,8 +228,14 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Broker delivers the messages. Required.
 	Broker broker.Broker
-	// Handler handles each message. Required.
+	// Handler handles each message. Required, unless SQLHandler is set
+	// instead.
 	Handler Handler
+	// SQLHandler, set instead of Handler, handles each message in a
+	// database/sql transaction (pgx's stdlib driver over Pool) holding the
+	// dedup row: for services written on database/sql. Not with BatchSize
+	// > 1.
+	SQLHandler SQLHandler
 	// Topology, when its Exchange is set, is declared by Run before
 	// subscribing (broker.Broker.Declare is idempotent), must contain Queue,
 	// is checked against the broker's Capabilities, and gives the default
@@ -335,6 +342,7 @@ type Worker struct {
 	caps    broker.Capabilities
 	log     *slog.Logger
 	running atomic.Bool
+	sqlDB   *sql.DB // during Run, with Config.SQLHandler
 }
 
 // New validates cfg, applies the defaults and checks the configuration
@@ -356,8 +364,12 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.Pool: required")
 	case cfg.Broker == nil:
 		return nil, bad("Config.Broker: required")
-	case cfg.Handler == nil:
-		return nil, bad("Config.Handler: required")
+	case cfg.Handler == nil && cfg.SQLHandler == nil:
+		return nil, bad("Config.Handler: required (or Config.SQLHandler)")
+	case cfg.Handler != nil && cfg.SQLHandler != nil:
+		return nil, bad("Config.Handler and Config.SQLHandler: set one")
+	case cfg.SQLHandler != nil && cfg.BatchSize > 1:
+		return nil, bad("Config.BatchSize %d: batches need Config.Handler (a pgx.Tx), not Config.SQLHandler", cfg.BatchSize)
 	case cfg.Concurrency < 0:
 		return nil, bad("Config.Concurrency %d: must not be negative", cfg.Concurrency)
 	case cfg.Prefetch < 0:
@@ -509,6 +521,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		stopLoops()
 	}
 
+	if w.cfg.SQLHandler != nil {
+		w.sqlDB = w.openSQL()
+		defer w.sqlDB.Close()
+	}
 	w.log.Info("worker: started", "concurrency", w.cfg.Concurrency, "prefetch", w.cfg.Prefetch, "batch_size", w.cfg.BatchSize, "broker", w.caps.Name)
 	var wg sync.WaitGroup
 	for range w.cfg.Concurrency {
@@ -638,6 +654,9 @@ type processResult struct {
 // and the commit in one transaction. A message whose record says "dead"
 // is not handled: the transaction is rolled back and res.rec.dead is set.
 func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processResult) {
+	if w.cfg.SQLHandler != nil {
+		return w.processSQL(ctx, msg)
+	}
 	res.msg = msg
 	tx, inserted, began, err := w.beginDedup(ctx, msg.ID, &res.rec)
 	if err != nil {

@@ -138,4 +138,3 @@ func TestWorkerRefusesHandlerAndRouter(t *testing.T) {
 	require.ErrorIs(t, err, worker.ErrInvalidConfig)
 	require.ErrorContains(t, err, "Config.Router")
 }
-

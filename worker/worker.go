@@ -27,7 +27,8 @@ import (
 // returns nil (the message is acked), an ordinary error (retried under the
 // RetryPolicy), Permanent(err) (dead-lettered at once) or RetryAfter(err, d)
 // (retried after d). It must not commit or roll back tx. ctx is cancelled
-// only when a shutdown's ShutdownTimeout expires. A handler may run again
+// when a shutdown's ShutdownTimeout expires, and at the attempt's timeout
+// (Config.HandlerTimeout, TypeOptions.Timeout) when one is set. A handler may run again
 // for the same message (after a failed attempt, or a crash before the
 // commit); see the package doc for external side effects.
 type Handler func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error

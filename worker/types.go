@@ -149,9 +149,11 @@ func routeConfig(cfg Config, r Route) Config {
 }
 
 // typeConfigs returns the effective Config of every route of the
-// worker's Router (none without one). Every check of the worker's
-// settings applies to each of them too: New runs checkTypeOptions on
-// them; a check reading the broker's limits at Run runs on them as well.
+// worker's Router (none without one). Every check of the worker's own
+// settings must run on each of them too (through checkTypes): New and Run
+// run checkTypeOptions on them; a check of the settings against limits
+// the broker reports at Run belongs there as well, called with each
+// route's Config as with the worker's.
 func (w *Worker) typeConfigs() []typeConfig {
 	if w.cfg.Router == nil {
 		return nil

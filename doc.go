@@ -12,7 +12,8 @@
 //     (package outbox).
 //   - A Mux routes each received message to the handler registered for
 //     its type with Handle, which decodes the body into the handler's Go
-//     type (Decode). One worker serves every type its queue is bound to.
+//     type (Decode), with the type's own options and the Mux's middleware
+//     (Use). One worker serves every type its queue is bound to.
 //   - New builds a Pipeline from a pool, a broker.Broker and the
 //     topology; Pipeline.Run declares the topology and runs the relay
 //     (package outbox), the workers (package worker), or both, with the
@@ -46,6 +47,47 @@
 // The reason is the DLQ message's broker.HeaderLastError; "ferry dlq list"
 // shows it and "ferry dlq replay" sends the message back once a handler
 // exists or the producer is fixed.
+//
+// # Per-type options
+//
+// Handle and Mux.Handle take options for the event types of their
+// pattern, in place of the worker's settings: WithMaxAttempts (attempts
+// before the DLQ), WithRetryDelays (the backoff list) and WithTimeout
+// (the bound of each attempt). A type without them keeps the worker's
+// (worker.Config.Policy and HandlerTimeout). The worker applies them when
+// the Mux is its worker.Config.Router (the Mux implements worker.Router);
+// worker.New and Worker.Run check them against the broker's capabilities,
+// as they do the worker's own, and refuse with broker.ErrUnsupported a
+// delay above the broker's MaxDelay or, on a broker without native delays
+// (RabbitMQ, Kafka), one that is not a declared retry level of the queue.
+// A type with options whose handler is called by a worker that does not
+// apply them (the Mux set as worker.Config.Handler) fails its attempt
+// with an error wrapping ErrInvalidConfig instead of running without
+// them.
+//
+// An attempt that overruns its timeout has its ctx cancelled and fails
+// with an error wrapping worker.ErrHandlerTimeout, retried under the
+// type's policy. A handler that ignores its ctx is abandoned
+// worker.HandlerTimeoutGrace (1 s) later: the worker closes its database
+// connection, so PostgreSQL rolls its transaction back, and settles the
+// delivery as a failed attempt (package worker, Config.HandlerTimeout).
+//
+// # Middleware
+//
+// Mux.Use wraps every message the Mux handles (those without a handler
+// included) in Middleware, func(worker.Handler) worker.Handler. The first
+// middleware given to the first Use is the outermost: after
+// mux.Use(a, b) a message runs a, then b, then the handler (and the
+// decoding of Handle), and the result returns through b and a, as in
+// net/http handler chains and Watermill's router middleware. Shipped:
+//
+//   - Recover: a panic becomes a failed attempt (an error wrapping
+//     worker.ErrPanic, retried or dead-lettered under the policy) and its
+//     stack goes to the log; the worker never crashes.
+//   - Timeout: the handler's ctx is cancelled after a duration; an error
+//     after it wraps worker.ErrHandlerTimeout.
+//   - Logging: every attempt is logged with log/slog, with the message's
+//     id, type, key, app id, attempt and duration.
 //
 // # Scheduled events
 //

@@ -81,29 +81,50 @@ type JobHandler[T any] func(ctx context.Context, tx pgx.Tx, job *Job[T]) error
 // every handler before the worker runs; registering while it runs is safe
 // but a message may miss a handler registered after it arrived. The zero
 // Mux is empty and ready to use.
+//
+// Options given at registration (WithMaxAttempts, WithRetryDelays,
+// WithTimeout) are applied by the worker when the Mux is its
+// worker.Config.Router; see HandleOption. Middleware added with Use wraps
+// every message the Mux handles.
 type Mux struct {
 	mu     sync.RWMutex
 	routes []route
+	mws    []Middleware
+	chain  worker.Handler // mws around dispatch; nil without middleware
 }
 
 type route struct {
 	pattern string
 	h       worker.Handler    // Handle's; nil for a HandleSQL route
 	hs      worker.SQLHandler // HandleSQL's (mux_sql.go)
+	opts    worker.TypeOptions
 }
 
 // NewMux returns an empty Mux.
 func NewMux() *Mux { return &Mux{} }
 
-// Handle registers h for the event types that match pattern. It returns an
-// error wrapping ErrInvalidConfig for an invalid pattern (see
-// broker.ValidatePattern), a nil h, or a pattern already registered.
-func (m *Mux) Handle(pattern string, h worker.Handler) error {
+// Handle registers h for the event types that match pattern, with opts
+// (WithMaxAttempts, WithRetryDelays, WithTimeout) in place of the
+// worker's settings for them. It returns an error wrapping
+// ErrInvalidConfig for an invalid pattern (see broker.ValidatePattern), a
+// nil h, a pattern already registered, or an invalid option (naming it).
+// Whether the broker can honour the options is checked by worker.New and
+// Worker.Run, which refuse with broker.ErrUnsupported what it cannot.
+func (m *Mux) Handle(pattern string, h worker.Handler, opts ...HandleOption) error {
 	if err := broker.ValidatePattern(pattern); err != nil {
 		return fmt.Errorf("%w: mux: %v", ErrInvalidConfig, err)
 	}
 	if h == nil {
 		return fmt.Errorf("%w: mux: pattern %q: nil handler", ErrInvalidConfig, pattern)
+	}
+	var o worker.TypeOptions
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return fmt.Errorf("%w: mux: pattern %q: %v", ErrInvalidConfig, pattern, err)
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -112,7 +133,7 @@ func (m *Mux) Handle(pattern string, h worker.Handler) error {
 			return fmt.Errorf("%w: mux: pattern %q registered twice", ErrInvalidConfig, pattern)
 		}
 	}
-	m.routes = append(m.routes, route{pattern: pattern, h: h})
+	m.routes = append(m.routes, route{pattern: pattern, h: h, opts: o})
 	return nil
 }
 
@@ -143,33 +164,80 @@ func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 }
 
 // HandleMessage is the worker.Handler of the Mux: set
-// worker.Config.Handler to mux.HandleMessage. It runs the handler of
-// msg.Type and returns its result; for a Type no pattern matches it
-// returns worker.Permanent of an error wrapping ErrNoHandler that names
-// the type and the registered patterns, and for a handler registered with
-// HandleSQL one wrapping ErrWrongTransaction.
+// worker.Config.Router to the Mux (or worker.Config.Handler to
+// mux.HandleMessage when no pattern has options). It runs the middleware
+// (Use) around the handler of msg.Type and returns the result; for a Type
+// no pattern matches it returns worker.Permanent of an error wrapping
+// ErrNoHandler that names the type and the registered patterns, and for a
+// handler registered with HandleSQL one wrapping ErrWrongTransaction. A handler
+// registered with options, called by a worker that does not apply them
+// (the Mux set as Config.Handler), is not run: the attempt fails with an
+// error wrapping ErrInvalidConfig that says so, retried under the
+// worker's policy, so that the options are never ignored silently.
 func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+	m.mu.RLock()
+	chain := m.chain
+	m.mu.RUnlock()
+	if chain != nil {
+		return chain(ctx, tx, msg)
+	}
+	return m.dispatch(ctx, tx, msg)
+}
+
+// dispatch runs the handler of msg.Type: the innermost handler of the
+// middleware chain.
+func (m *Mux) dispatch(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 	if msg == nil {
 		return worker.Permanent(fmt.Errorf("%w: nil message", ErrNoHandler))
 	}
-	h, pattern := m.Handler(msg.Type)
-	if h == nil && pattern != "" {
-		return wrongTxForPgx(msg, pattern)
-	}
-	if h == nil {
+	r, ok := m.route(msg.Type)
+	if !ok {
 		return worker.Permanent(fmt.Errorf("%w %q (message %s; this worker handles: %s)",
 			ErrNoHandler, msg.Type, msg.ID, strings.Join(m.Patterns(), ", ")))
 	}
-	return h(ctx, tx, msg)
+	if r.h == nil {
+		return wrongTxForPgx(msg, r.pattern)
+	}
+	if !r.opts.IsZero() && worker.RouterFrom(ctx) == nil {
+		return fmt.Errorf("%w: mux: pattern %q has options (%s) that this worker does not apply: set worker.Config.Router to the Mux instead of Config.Handler to mux.HandleMessage",
+			ErrInvalidConfig, r.pattern, describeOptions(r.opts))
+	}
+	return r.h(ctx, tx, msg)
 }
+
+// Route implements worker.Router: the pattern that handles eventType (the
+// first registered that matches) with its options, false when none
+// matches.
+func (m *Mux) Route(eventType string) (worker.Route, bool) {
+	r, ok := m.route(eventType)
+	if !ok {
+		return worker.Route{}, false
+	}
+	return worker.Route{Pattern: r.pattern, Options: cloneOptions(r.opts)}, true
+}
+
+// Routes implements worker.Router: every pattern with its options, in
+// registration order.
+func (m *Mux) Routes() []worker.Route {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]worker.Route, len(m.routes))
+	for i, r := range m.routes {
+		out[i] = worker.Route{Pattern: r.pattern, Options: cloneOptions(r.opts)}
+	}
+	return out
+}
+
+var _ worker.Router = (*Mux)(nil)
 
 // Handle registers on m a typed handler for the event types that match
 // pattern: the worker decodes each message's JSON body into a T (Decode)
 // and calls h with it. A body that does not decode is dead-lettered at
 // once with a reason wrapping ErrUndecodable, a T whose Validate method
-// fails with one wrapping ErrInvalidEvent, without calling h. Errors are
-// those of Mux.Handle.
-func Handle[T any](m *Mux, pattern string, h JobHandler[T]) error {
+// fails with one wrapping ErrInvalidEvent, without calling h. opts set the
+// type's own max attempts, retry delays and timeout (HandleOption). Errors
+// are those of Mux.Handle.
+func Handle[T any](m *Mux, pattern string, h JobHandler[T], opts ...HandleOption) error {
 	if h == nil {
 		return fmt.Errorf("%w: mux: pattern %q: nil handler", ErrInvalidConfig, pattern)
 	}
@@ -179,7 +247,7 @@ func Handle[T any](m *Mux, pattern string, h JobHandler[T]) error {
 			return worker.Permanent(err)
 		}
 		return h(ctx, tx, &Job[T]{Message: msg, Args: args})
-	})
+	}, opts...)
 }
 
 // Decode decodes msg's JSON body into a T with encoding/json (fields of

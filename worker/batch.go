@@ -74,6 +74,9 @@ type batchItem struct {
 	rec   attemptRecord // the attempt record, when the state is not batchDuplicate
 	err   error         // the handler's error when state is batchFailed
 	fail  *failure      // the failed attempt, recorded before the commit
+	// abandoned: the handler overran its timeout and was abandoned; the
+	// batch's transaction was rolled back and fail is settled as is.
+	abandoned bool
 }
 
 // handleBatch processes deliveries in one transaction and settles each
@@ -155,6 +158,11 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 		// then found and the deliveries acked as duplicates).
 		w.log.Warn("worker: batch failed; handling its messages one by one", "messages", len(items), "err", err)
 		for _, it := range items {
+			if it.abandoned {
+				it.ext.stop()
+				w.settle(ctx, it.d, it.msg, it.fail, dur)
+				continue
+			}
 			w.handleExtended(runCtx, ctx, it.d, it.ext)
 		}
 	}
@@ -167,7 +175,7 @@ func (w *Worker) handleBatch(runCtx, ctx context.Context, ds []broker.Delivery) 
 // again), errBatch (handle each message alone) or is ctx's error.
 func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	for _, it := range items {
-		it.state, it.err, it.rec, it.msg, it.fail = batchPending, nil, attemptRecord{}, it.d.Message(), nil
+		it.state, it.err, it.rec, it.msg, it.fail, it.abandoned = batchPending, nil, attemptRecord{}, it.d.Message(), nil, false
 	}
 	ids := make([]string, 0, len(items))
 	for _, it := range items {
@@ -176,8 +184,13 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	tx, inserted, err := w.insertDedup(ctx, ids)
+	abandoned := false
 	if tx != nil {
-		defer w.rollback(ctx, tx) // after Commit: a no-op
+		defer func() {
+			if !abandoned { // else the abandoned handler's goroutine owns tx
+				w.rollback(ctx, tx) // after Commit: a no-op
+			}
+		}()
 	}
 	if err != nil {
 		return err
@@ -212,7 +225,17 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 			return w.batchErr(ctx, "savepoint", err)
 		}
 		savepoint = true
-		if err := w.callHandler(ctx, tx, it.msg); err != nil {
+		ab, err := w.callHandler(ctx, tx, it.msg, func() { w.rollback(ctx, tx) })
+		if ab != nil {
+			// As in process: record, then roll the whole batch back by
+			// closing its connection; the others are handled alone.
+			abandoned = true
+			it.state, it.err, it.abandoned = batchFailed, err, true
+			it.fail = w.fail(ctx, it.msg, err, false)
+			ab.kill()
+			return w.batchErr(ctx, "a handler overran its timeout", err)
+		}
+		if err != nil {
 			it.state, it.err = batchFailed, err
 			if ctx.Err() == nil {
 				// Recorded before the commit releases the dedup row a

@@ -227,6 +227,40 @@
 // without rabbitmq.Config.ManagementURL it is not checked, and what it
 // drops reaches the DLQ through the work queue's dead-letter exchange
 // (package rabbitmq).
+
+// # Per-type options and handler timeouts
+//
+// A worker whose Config.Router is set (ferry.Mux) handles each message
+// with the options of its type (Router.Route, TypeOptions): its
+// MaxAttempts and RetryDelays replace Config.Policy for it (as a
+// BackoffPolicy; what a type does not set comes from the worker's
+// policy), its Timeout replaces Config.HandlerTimeout. Types without
+// options, and types no route matches, use the worker's settings. New and
+// Run check every route's options like the worker's own: valid, each
+// delay within broker.Capabilities.MaxDelay and, on a broker without
+// NativeDelay, one of the queue's declared retry levels (the levels come
+// from Config.Topology; without it such delays are refused, since they
+// cannot be checked). A route registered after Run started is checked
+// when its first message arrives; refused options fail its attempts with
+// the reason.
+//
+// A timeout (Config.HandlerTimeout or a type's Timeout) runs the handler
+// in a goroutine of its own with a ctx cancelled at the timeout. An error
+// returned after it wraps ErrHandlerTimeout and is an ordinary failed
+// attempt. A handler still running HandlerTimeoutGrace (1 s) after the
+// timeout ignores its ctx; the worker does not wait for it, since it
+// would hold the delivery (and, in the transaction, the dedup row that a
+// redelivery waits on). It records the failed attempt, sends PostgreSQL a
+// cancel request for the statement the handler may be running and closes
+// the transaction's connection, so the server rolls the transaction back
+// and releases its locks at once, and settles the delivery: Retry or the
+// DLQ under the policy. The handler's goroutine is left to finish: when
+// the handler returns, whatever it returns, its work is rolled back (the
+// connection is closed) and the connection goes back to the pool, which
+// drops it. Until then it holds a pool connection and the goroutine, on
+// top of Concurrency. With BatchSize > 1 the abandoned handler's batch is
+// rolled back with it, and its other messages are handled again one by
+// one, as after any failed batch.
 //
 // # Concurrency and shutdown
 //

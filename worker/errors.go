@@ -18,6 +18,10 @@ var (
 	// ErrNoMessageID is the reason a message without an ID is dead-lettered
 	// at once: it cannot be deduplicated.
 	ErrNoMessageID = errors.New("worker: message has no ID")
+	// ErrHandlerTimeout is wrapped by the error of an attempt that
+	// overran its timeout (Config.HandlerTimeout, TypeOptions.Timeout): an
+	// ordinary failed attempt, retried under the policy.
+	ErrHandlerTimeout = errors.New("worker: handler timed out")
 	// ErrAlreadyRunning is returned by Run when the Worker is already running.
 	ErrAlreadyRunning = errors.New("worker: already running")
 )

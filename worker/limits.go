@@ -29,7 +29,12 @@ func (w *Worker) checkBrokerLimits(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: read the broker's limits of %s: %w", w.cfg.Queue, err)
 	}
-	return CheckLimits(w.cfg, w.caps, l)
+	if err := CheckLimits(w.cfg, w.caps, l); err != nil {
+		return err
+	}
+	// A Router type's own max attempts, retry delays and timeout must
+	// agree with the same limits.
+	return w.checkTypes(func(_ Route, c Config) error { return CheckLimits(c, w.caps, l) })
 }
 
 // limitReporter finds the broker.LimitReporter of b, looking through

@@ -115,7 +115,9 @@ func (w *Worker) processSQL(ctx context.Context, msg *broker.Message) (res proce
 	return res
 }
 
-// callSQLHandler is callHandler for Config.SQLHandler.
+// callSQLHandler is callHandler for Config.SQLHandler: it recovers a
+// panic and cancels the handler's ctx after Config.HandlerTimeout (a
+// handler that ignores it is not abandoned, unlike on the pgx path).
 func (w *Worker) callSQLHandler(ctx context.Context, tx *sql.Tx, msg *broker.Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -123,5 +125,15 @@ func (w *Worker) callSQLHandler(ctx context.Context, tx *sql.Tx, msg *broker.Mes
 			w.log.Error("worker: handler panicked", "message_id", msg.ID, "attempt", msg.Attempt, "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
+	if w.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+		defer cancel()
+		defer func() {
+			if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.HandlerTimeout, err)
+			}
+		}()
+	}
 	return w.cfg.SQLHandler(ctx, tx, msg)
 }

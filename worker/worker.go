@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -27,7 +28,8 @@ import (
 // returns nil (the message is acked), an ordinary error (retried under the
 // RetryPolicy), Permanent(err) (dead-lettered at once) or RetryAfter(err, d)
 // (retried after d). It must not commit or roll back tx. ctx is cancelled
-// only when a shutdown's ShutdownTimeout expires. A handler may run again
+// when a shutdown's ShutdownTimeout expires, and at the attempt's timeout
+// (Config.HandlerTimeout, TypeOptions.Timeout) when one is set. A handler may run again
 // for the same message (after a failed attempt, or a crash before the
 // commit); see the package doc for external side effects.
 type Handler func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error
@@ -228,14 +230,24 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Broker delivers the messages. Required.
 	Broker broker.Broker
-	// Handler handles each message. Required, unless SQLHandler is set
-	// instead.
+	// Handler handles each message. Required, unless SQLHandler or Router
+	// is set instead.
 	Handler Handler
 	// SQLHandler, set instead of Handler, handles each message in a
 	// database/sql transaction (pgx's stdlib driver over Pool) holding the
 	// dedup row: for services written on database/sql. Not with BatchSize
-	// > 1.
+	// > 1, and without per-type options or abandonment of a handler that
+	// overruns HandlerTimeout.
 	SQLHandler SQLHandler
+	// Router, instead of Handler, handles each message
+	// (Router.HandleMessage) with the options of its type
+	// (Router.Route): the type's MaxAttempts and RetryDelays take the
+	// place of Policy, and its Timeout that of HandlerTimeout, for its
+	// messages; a type without options, or without a route, uses the
+	// worker's. New and Run refuse options the broker cannot honour, as
+	// for the worker's own settings. *ferry.Mux is a Router. Set one of
+	// Handler, SQLHandler or Router.
+	Router Router
 	// Topology, when its Exchange is set, is declared by Run before
 	// subscribing (broker.Broker.Declare is idempotent), must contain Queue,
 	// is checked against the broker's Capabilities, and gives the default
@@ -287,14 +299,21 @@ type Config struct {
 	// while a handler runs, the worker calls Delivery.Extend every
 	// AckDeadline/3. Defaults to DefaultAckDeadline (30 s).
 	AckDeadline time.Duration
-	// HandlerTimeout bounds each call of Handler: its ctx is cancelled
-	// that long after the call began, and the handler's error (a context
-	// error, or what the handler made of it) is an ordinary failed
-	// attempt. It must be shorter than the broker's
-	// broker.Limits.SettleTimeout (RabbitMQ consumer_timeout, SQS 12 h
-	// per receive), which Run checks. Defaults to 0: no bound (the
-	// handler's own timeouts, e.g. the sample app's SMTP timeouts, are
-	// then all there is).
+	// HandlerTimeout bounds each attempt: the handler's ctx is cancelled
+	// that long after the attempt began, and its error (wrapped in
+	// ErrHandlerTimeout) is an ordinary failed attempt, retried under the
+	// policy. A handler that ignores its ctx and is still running
+	// HandlerTimeoutGrace (1 s) later is abandoned: the worker cancels its
+	// query and closes its database connection, so PostgreSQL rolls its
+	// transaction back (releasing the dedup row for the retry), records
+	// the failed attempt and settles the delivery (Retry or the DLQ); the
+	// goroutine left running returns its connection to the pool, closed,
+	// when the handler returns. A Router's type may set its own
+	// (TypeOptions.Timeout). Defaults to 0: no bound (the handler's own
+	// timeouts, e.g. the sample app's SMTP timeouts, are then all there
+	// is). It must be shorter than the broker's
+	// broker.Limits.SettleTimeout (RabbitMQ consumer_timeout, SQS 12 h per
+	// receive), which Run checks.
 	HandlerTimeout time.Duration
 	// Policy decides retries after ordinary handler errors. Defaults to
 	// BackoffPolicy{} (5 attempts) with the Topology queue's RetryDelays as
@@ -339,6 +358,8 @@ type Config struct {
 type Worker struct {
 	cfg     Config
 	policy  RetryPolicy
+	base    typeSettings // the worker's own settings
+	types   typeCache    // the settings of the Router's routes
 	caps    broker.Capabilities
 	log     *slog.Logger
 	running atomic.Bool
@@ -348,7 +369,9 @@ type Worker struct {
 // New validates cfg, applies the defaults and checks the configuration
 // against cfg.Broker.Capabilities. The error wraps ErrInvalidConfig and
 // names the field, or wraps broker.ErrUnsupported when the broker cannot
-// honour the policy's delays or the topology.
+// honour the policy's delays or the topology. With a Router it checks
+// every route's options the same way (see TypeOptions), naming the
+// pattern.
 func New(cfg Config) (*Worker, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
@@ -364,10 +387,10 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.Pool: required")
 	case cfg.Broker == nil:
 		return nil, bad("Config.Broker: required")
-	case cfg.Handler == nil && cfg.SQLHandler == nil:
-		return nil, bad("Config.Handler: required (or Config.SQLHandler)")
-	case cfg.Handler != nil && cfg.SQLHandler != nil:
-		return nil, bad("Config.Handler and Config.SQLHandler: set one")
+	case cfg.Handler == nil && cfg.SQLHandler == nil && cfg.Router == nil:
+		return nil, bad("Config.Handler: required (or Config.SQLHandler or Config.Router)")
+	case (cfg.Handler != nil && cfg.SQLHandler != nil) || (cfg.Handler != nil && cfg.Router != nil) || (cfg.SQLHandler != nil && cfg.Router != nil):
+		return nil, bad("Config.Handler, Config.SQLHandler and Config.Router: set one (Router: mux, not Handler: mux.HandleMessage)")
 	case cfg.SQLHandler != nil && cfg.BatchSize > 1:
 		return nil, bad("Config.BatchSize %d: batches need Config.Handler (a pgx.Tx), not Config.SQLHandler", cfg.BatchSize)
 	case cfg.Concurrency < 0:
@@ -384,6 +407,11 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.ShutdownTimeout %v: must not be negative", cfg.ShutdownTimeout)
 	case cfg.HandlerTimeout < 0:
 		return nil, bad("Config.HandlerTimeout %v: must not be negative", cfg.HandlerTimeout)
+	}
+	if r := cfg.Router; r != nil {
+		cfg.Handler = func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+			return r.HandleMessage(context.WithValue(ctx, routerKey{}, r), tx, msg)
+		}
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
@@ -436,6 +464,10 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{cfg: cfg, policy: cfg.Policy, caps: caps, log: cfg.Logger.With("consumer", cfg.Consumer, "queue", cfg.Queue)}
+	w.base = typeSettings{policy: cfg.Policy, timeout: cfg.HandlerTimeout}
+	if err := w.buildTypes(); err != nil {
+		return nil, err
+	}
 	if conns := int(cfg.Pool.Stat().MaxConns()); conns < cfg.Concurrency {
 		w.log.Warn("worker: database pool smaller than Concurrency; handlers will wait for connections",
 			"pool_max_conns", conns, "concurrency", cfg.Concurrency)
@@ -470,7 +502,10 @@ func New(cfg Config) (*Worker, error) {
 // another Run of this Worker is active. Before subscribing it reads the
 // broker's limits for the queue (broker.LimitReporter) and returns an
 // error wrapping ErrInvalidConfig, naming both settings and a value that
-// works, when the worker's settings contradict them (see CheckLimits).
+// works, when the worker's settings, or a Router type's options, contradict
+// them (see CheckLimits). With a Router it first checks the options of
+// every route again (routes registered after New), and returns New's
+// errors for them.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -478,6 +513,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.running.Store(false)
 	if ctx.Err() != nil {
 		return nil
+	}
+	// Routes registered between New and Run are checked now.
+	if err := w.buildTypes(); err != nil {
+		return err
 	}
 	if w.cfg.Topology.Exchange != "" {
 		if err := w.cfg.Broker.Declare(ctx, w.cfg.Topology); err != nil {
@@ -690,7 +729,17 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 		w.rollback(ctx, tx)
 		return res
 	}
-	if err := w.callHandler(ctx, tx, res.msg); err != nil {
+	ab, err := w.callHandler(ctx, tx, res.msg, func() { w.rollback(ctx, tx) })
+	if ab != nil {
+		// The handler overran its timeout and ignores its ctx: record the
+		// failed attempt, then roll the transaction back by closing its
+		// connection (tx belongs to the handler's goroutine now).
+		res.fail = w.fail(ctx, res.msg, err, false)
+		ab.kill()
+		res.err = err
+		return res
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			// Record the failed attempt before the rollback releases the
 			// dedup row a redelivered copy may be waiting for.
@@ -758,20 +807,116 @@ func commit(ctx context.Context, tx pgx.Tx) error {
 	return tx.Commit(cctx)
 }
 
-// callHandler runs the handler, turning a panic into an error wrapping
+// HandlerTimeoutGrace is how long the worker waits, once an attempt's
+// timeout (Config.HandlerTimeout, TypeOptions.Timeout) cancelled the
+// handler's ctx, for the handler to return before it abandons it: rolls
+// its transaction back by closing its database connection and settles
+// the delivery as a failed attempt.
+const HandlerTimeoutGrace = time.Second
+
+// abandonment is a handler still running after its timeout and grace:
+// its goroutine owns tx and rolls it back when the handler returns.
+type abandonment struct {
+	w  *Worker
+	pc *pgconn.PgConn
+	nc net.Conn
+}
+
+// kill cancels the statement the abandoned handler may be running and
+// closes its connection, so that PostgreSQL rolls its transaction back
+// and releases its locks (the dedup row above all) now. Both are safe
+// while another goroutine uses the connection: a cancel request goes over
+// a connection of its own, and net.Conn.Close may be called concurrently.
+func (a *abandonment) kill() {
+	if a.pc == nil || a.nc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	if err := a.pc.CancelRequest(ctx); err != nil {
+		a.w.log.Warn("worker: cancel the statement of an abandoned handler", "err", err)
+	}
+	if err := a.nc.Close(); err != nil {
+		a.w.log.Warn("worker: close the connection of an abandoned handler", "err", err)
+	}
+}
+
+// callHandler runs the handler with msg's settings (settingsFor): without
+// a timeout in the calling goroutine; with one, in a goroutine of its
+// own, with a ctx cancelled at the timeout. A handler's error after its
+// timeout wraps ErrHandlerTimeout. When the handler is still running
+// HandlerTimeoutGrace after the timeout, callHandler returns an error
+// wrapping ErrHandlerTimeout and an abandonment: the caller must not
+// touch tx any more, records the failed attempt and calls kill; the
+// handler's goroutine calls release (the rollback) when the handler
+// returns.
+func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msg *broker.Message, release func()) (*abandonment, error) {
+	s := w.settingsFor(msg)
+	if s.err != nil {
+		return nil, s.err
+	}
+	if s.timeout <= 0 {
+		return nil, w.runHandler(ctx, tx, msg)
+	}
+	ab := &abandonment{w: w}
+	if c := tx.Conn(); c != nil && c.PgConn() != nil {
+		ab.pc = c.PgConn()
+		ab.nc = ab.pc.Conn()
+	}
+	hctx, cancel := context.WithTimeout(ctx, s.timeout)
+	var (
+		mu     sync.Mutex
+		gaveUp bool
+		result error
+	)
+	done := make(chan struct{})
+	go func() {
+		err := w.runHandler(hctx, tx, msg)
+		if err != nil && hctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, s.timeout, err)
+		}
+		cancel()
+		mu.Lock()
+		defer mu.Unlock()
+		if gaveUp {
+			w.log.Warn("worker: an abandoned handler returned; its transaction was rolled back", "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+			release()
+			return
+		}
+		result = err
+		close(done)
+	}()
+	t := time.NewTimer(s.timeout + HandlerTimeoutGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil, result
+	case <-t.C:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case <-done:
+		return nil, result
+	default:
+	}
+	gaveUp = true
+	w.log.Error("worker: handler still running after its timeout ignores its ctx; abandoning it: its transaction is rolled back and the attempt fails",
+		"message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "timeout", s.timeout, "grace", HandlerTimeoutGrace)
+	return ab, fmt.Errorf("%w after %v: the handler ignored its ctx and was abandoned %v later; its transaction was rolled back", ErrHandlerTimeout, s.timeout, HandlerTimeoutGrace)
+}
+
+// runHandler runs the handler, turning a panic into an error wrapping
 // ErrPanic; the stack goes to the log, not into the DLQ reason.
-func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msg *broker.Message) (err error) {
+func (w *Worker) runHandler(ctx context.Context, tx pgx.Tx, msg *broker.Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %v", ErrPanic, r)
 			w.log.Error("worker: handler panicked", "message_id", msg.ID, "attempt", msg.Attempt, "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	if w.cfg.HandlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, w.cfg.HandlerTimeout)
-		defer cancel()
-	}
+	// The timeout (Config.HandlerTimeout or the type's) is applied by
+	// callHandler.
 	return w.cfg.Handler(ctx, tx, msg)
 }
 
@@ -855,7 +1000,7 @@ func (w *Worker) fail(ctx context.Context, msg *broker.Message, herr error, dead
 	if !f.dead && !IsPermanent(herr) {
 		attempt := max(msg.Attempt, 1)
 		var retry bool
-		f.delay, retry = w.policy.NextRetry(attempt, herr)
+		f.delay, retry = w.settingsFor(msg).policy.NextRetry(attempt, herr)
 		f.dead = !retry
 		var ra *RetryAfterError
 		if retry && errors.As(herr, &ra) && ra.Delay > 0 {

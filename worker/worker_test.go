@@ -50,6 +50,8 @@ func BenchmarkWorker(b *testing.B) {
 	}{
 		{"Default", workertest.BenchOptions{}},
 		{"Conc8/Prefetch64/Batch1", workertest.BenchOptions{Concurrency: 8, Prefetch: 64, BatchSize: 1}},
+		{"Conc8/Prefetch64/Batch1/Router", workertest.BenchOptions{Concurrency: 8, Prefetch: 64, BatchSize: 1, TypeOptions: &worker.TypeOptions{MaxAttempts: 3}}},
+		{"Conc8/Prefetch64/Batch1/RouterTimeout", workertest.BenchOptions{Concurrency: 8, Prefetch: 64, BatchSize: 1, TypeOptions: &worker.TypeOptions{Timeout: 10 * time.Second}}},
 		{"Conc4/Prefetch64/Batch8", workertest.BenchOptions{Concurrency: 4, Prefetch: 64, BatchSize: 8}},
 		{"Conc8/Prefetch64/Batch8", workertest.BenchOptions{Concurrency: 8, Prefetch: 64, BatchSize: 8}},
 		{"Conc4/Prefetch128/Batch16", workertest.BenchOptions{Concurrency: 4, Prefetch: 128, BatchSize: 16}},

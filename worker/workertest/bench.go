@@ -36,6 +36,11 @@ type BenchOptions struct {
 	Prefetch int
 	// BatchSize is Config.BatchSize.
 	BatchSize int
+	// TypeOptions, when set, serves the handler through a Router with one
+	// route with these options (Config.Router), to measure what the
+	// per-type lookup and, with a Timeout, the handler's own goroutine
+	// and timer cost.
+	TypeOptions *worker.TypeOptions
 }
 
 // RunWorkerBenchmarkWith is RunWorkerBenchmark with the worker configured
@@ -77,7 +82,7 @@ func RunWorkerBenchmarkWith(b *testing.B, newBroker NewBrokerFunc, opts BenchOpt
 
 	var handled atomic.Int64
 	done := make(chan struct{})
-	w, err := worker.New(worker.Config{
+	cfg := worker.Config{
 		Consumer:    "bench",
 		Queue:       topo.Queues[0].Name,
 		Pool:        pool,
@@ -95,7 +100,13 @@ func RunWorkerBenchmarkWith(b *testing.B, newBroker NewBrokerFunc, opts BenchOpt
 				close(done)
 			}
 		},
-	})
+	}
+	if opts.TypeOptions != nil {
+		r := &router{}
+		r.add("bench.item", *opts.TypeOptions, cfg.Handler)
+		cfg.Handler, cfg.Router = nil, r
+	}
+	w, err := worker.New(cfg)
 	require.NoError(b, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	runDone := make(chan error, 1)

@@ -83,6 +83,9 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("ShutdownTimeoutLeavesMessageForRedelivery", func(t *testing.T) { testShutdownTimeout(t, s) })
 	t.Run("ShutdownTimeoutCommitsFinishedWork", func(t *testing.T) { testShutdownTimeoutCommits(t, s) })
 	t.Run("ShutdownBoundedWhenHandlerIgnoresCtx", func(t *testing.T) { testShutdownBounded(t, s) })
+	t.Run("TypeMaxAttempts", func(t *testing.T) { testTypeMaxAttempts(t, s) })
+	t.Run("TypeTimeoutAbandonsDeafHandler", func(t *testing.T) { testTypeTimeout(t, s) })
+	t.Run("TypeOptionsCheckedAgainstCapabilities", func(t *testing.T) { testTypeOptionsChecked(t, s) })
 }
 
 // CreateSchema migrates the pool's database with outbox.Migrate (which

@@ -21,8 +21,8 @@ type Stats struct {
 	Unprocessed int64
 	// OldestUnprocessedAge is how long ago the oldest unprocessed row was
 	// enqueued, or became due for a scheduled row (by the database clock;
-	// the oldest among the 1000 lowest unprocessed ids); 0 when there is
-	// none.
+	// the oldest among the 1000 lowest unprocessed ids of each
+	// destination); 0 when there is none.
 	OldestUnprocessedAge time.Duration
 	// Scheduled is the number of rows enqueued with a DueAt still in the
 	// future (Event.DueAt): they wait as planned, and are neither backlog
@@ -48,6 +48,10 @@ type Stats struct {
 type ParkedRow struct {
 	// ID is the row id (the message ID as a decimal number).
 	ID int64
+	// Destination is the outbox the row belongs to (Event.Destination):
+	// only a relay of that destination publishes it, so a row parked as
+	// unroutable is a problem of that destination's topology.
+	Destination string
 	// Type is the event type.
 	Type string
 	// Attempts is the number of failed publications.
@@ -62,17 +66,26 @@ type ParkedRow struct {
 }
 
 // statsSQL: a scheduled row not yet due has occurred_at (its DueAt) in
-// the future (enqueueSQL).
-const statsSQL = `SELECT
+// the future (enqueueSQL). dests lists the destinations with unprocessed
+// rows by skipping through outbox_unprocessed_dest_idx (one probe per
+// destination), and the oldest age looks at the 1000 lowest ids of each.
+const statsSQL = `WITH RECURSIVE dests(dest) AS (
+	SELECT min(destination) FROM outbox WHERE processed_at IS NULL
+	UNION ALL
+	SELECT (SELECT min(destination) FROM outbox WHERE processed_at IS NULL AND destination > d.dest)
+	FROM dests d WHERE d.dest IS NOT NULL
+)
+SELECT
 	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND occurred_at <= now()),
-	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)) * 1000, 0)::bigint
-	   FROM (SELECT occurred_at FROM outbox WHERE processed_at IS NULL AND occurred_at <= now() ORDER BY id LIMIT 1000) o),
+	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(o.occurred_at)) * 1000, 0)::bigint
+	   FROM dests d, LATERAL (SELECT occurred_at FROM outbox WHERE processed_at IS NULL AND destination = d.dest
+	                           AND occurred_at <= now() ORDER BY id LIMIT 1000) o),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND occurred_at > now() AND attempts = 0),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 minute'),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 hour'),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND attempts > 0)`
 
-const parkedSQL = `SELECT id, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at
+const parkedSQL = `SELECT id, destination, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at
 FROM outbox WHERE processed_at IS NULL AND attempts > 0 ORDER BY id LIMIT $1`
 
 // ReadStats reads a Stats snapshot from the database of pool. It only
@@ -104,7 +117,7 @@ func ReadStats(ctx context.Context, pool *pgxpool.Pool) (Stats, error) {
 	s.ParkedRows, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ParkedRow, error) {
 		var p ParkedRow
 		var next *time.Time
-		err := row.Scan(&p.ID, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
+		err := row.Scan(&p.ID, &p.Destination, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
 		if next != nil {
 			p.NextAttemptAt = *next
 		}

@@ -127,3 +127,34 @@ func TestClaimReadsOnlyItsDestination(t *testing.T) {
 	require.NotRegexp(t, `Rows Removed by Filter: (\d{5,}|[3-9]\d{3})`, plan)
 	require.Contains(t, plan, "rows=5 loops=1", "the claim returns the 5 due rows of its own")
 }
+
+// ReadStats splits the backlog by destination and names the destination
+// of each parked row, so an operator sees which service's relay is
+// missing or which topology refuses its events.
+func TestStatsByDestination(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := migratedPool(t)
+	ids := enqueue(t, pool,
+		outbox.Event{Type: "a.b", Body: []byte{}, Destination: "billing"},
+		outbox.Event{Type: "a.b", Body: []byte{}, Destination: "billing"},
+		outbox.Event{Type: "a.b", Body: []byte{}, Destination: "billing", DueAt: time.Now().Add(time.Hour)},
+		outbox.Event{Type: "a.b", Body: []byte{}},
+	)
+	_, err := pool.Exec(ctx, `UPDATE outbox SET attempts = 1, last_error = 'unroutable' WHERE id = $1`, ids[1])
+	require.NoError(t, err)
+	s, err := outbox.ReadStats(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, []outbox.DestinationStats{
+		{Destination: "billing", Unprocessed: 2, Scheduled: 1, Parked: 1},
+		{Destination: outbox.DefaultDestination, Unprocessed: 1},
+	}, s.Destinations)
+	require.Equal(t, int64(3), s.Unprocessed)
+	require.Equal(t, int64(1), s.Scheduled)
+	require.Equal(t, int64(1), s.Parked)
+	require.Len(t, s.ParkedRows, 1)
+	require.Equal(t, "billing", s.ParkedRows[0].Destination)
+	p, err := outbox.RetryParked(ctx, pool, ids[1])
+	require.NoError(t, err)
+	require.Equal(t, "billing", p.Destination)
+}

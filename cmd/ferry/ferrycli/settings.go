@@ -68,6 +68,7 @@ const (
 	flagLogLevel        = "log-level"
 	flagAddr            = "addr"
 	flagExchange        = "exchange"
+	flagDestination     = "destination"
 	flagQueue           = "queue"
 	flagMaxAttempts     = "max-attempts"
 	flagRetryDelay      = "retry-delay"
@@ -115,6 +116,8 @@ func brokerFlags() []cli.Flag {
 		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL; empty for AWS's endpoint of --aws-region (--broker sqs)"},
 		&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Usage: "AWS region (--broker sqs); credentials come from the AWS SDK's default chain (AWS_ACCESS_KEY_ID, profiles, roles)"},
 		&cli.StringFlag{Name: flagExchange, Value: app.DefaultExchange, EnvVars: env(flagExchange), Usage: "exchange (NATS: stream) the notification events are published to"},
+		&cli.StringFlag{Name: flagDestination, Value: outbox.DefaultDestination, EnvVars: env(flagDestination),
+			Usage: "outbox destination: api enqueues its events for it and the relay publishes only its events, so services (or exchanges) sharing a database each use their own"},
 		&cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Usage: "work queue of the notification worker; its DLQ is <queue>.dlq"},
 		&cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay),
 			Usage: "delay before a retry; a comma list is a backoff list (retry i waits the i-th, the last repeats), e.g. 1s,10s,1m. Every process declaring the queue must use the same list"},
@@ -244,6 +247,7 @@ type settings struct {
 	smtpDataTimeout time.Duration // 0: app's default
 	addr            string
 	exchange        string
+	destination     string
 	queue           string
 	retryDelays     []time.Duration
 	maxAttempts     int
@@ -274,6 +278,7 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		smtpDataTimeout: c.Duration(flagSMTPDataTimeout),
 		addr:            c.String(flagAddr),
 		exchange:        c.String(flagExchange),
+		destination:     c.String(flagDestination),
 		queue:           c.String(flagQueue),
 		maxAttempts:     c.Int(flagMaxAttempts),
 		prefetch:        c.Int(flagPrefetch),
@@ -305,6 +310,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	}
 	if qt := s.brokerOpts.RabbitMQQueueType; qt != "" && qt != rabbitmq.QueueTypeClassic && qt != rabbitmq.QueueTypeQuorum {
 		return nil, usagef("--%s %q: want %s or %s", flagRabbitQueueType, qt, rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum)
+	}
+	if err := outbox.ValidateDestination(s.destination); err != nil {
+		return nil, usagef("--%s %q: %v", flagDestination, s.destination, err)
 	}
 	if has(flagRetryDelay) {
 		d, err := parseRetryDelays(c.String(flagRetryDelay))

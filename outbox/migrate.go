@@ -25,9 +25,11 @@ const migrationLockID int64 = 0x6665727279_0b // "ferry" + outbox
 var migrationFiles embed.FS
 
 // Migrate brings the outbox schema up to date on the database of pool: the
-// outbox table with its partial index outbox_unprocessed_idx (WHERE
-// processed_at IS NULL), and the processed_messages table the workers
-// deduplicate with. The SQL is embedded in the binary; the applied versions
+// outbox table with its partial indexes of the unprocessed rows (WHERE
+// processed_at IS NULL, per destination), the outbox_unique table of
+// Event.UniqueKey, and the processed_messages and worker_attempts tables
+// the workers deduplicate and count attempts with (see the package
+// documentation, "Schema"). The SQL is embedded in the binary; the applied versions
 // are recorded in MigrationsTable. Running it again is a no-op, and
 // concurrent calls from several processes are serialised by an advisory
 // lock. Errors wrap ErrMigrate.

@@ -24,7 +24,7 @@ WHERE id = $1 AND processed_at IS NULL AND attempts > 0
 RETURNING id, destination, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at`
 
 // RetryParked makes the parked row id (see Stats.ParkedRows) due now: the
-// next claim of any relay publishes it, whatever its backoff said. It
+// next claim of any relay of its destination publishes it, whatever its backoff said. It
 // keeps attempts and last_error, and returns the row as it was found. It
 // returns an error wrapping ErrNotParked when id is not a parked row.
 // Per-key order: the row goes out after the rows of its key that were

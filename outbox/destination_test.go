@@ -122,6 +122,11 @@ func TestClaimReadsOnlyItsDestination(t *testing.T) {
 	t.Log(plan)
 	require.Contains(t, plan, "outbox_unprocessed_dest_idx")
 	require.NotContains(t, plan, "outbox_pkey")
+	require.Contains(t, plan, "outbox_ready_dest_idx", "the lowest due row is one probe")
+	// The claim walks its index range in order and stops at the limit: no
+	// sort of every candidate (which would also take the key slots of
+	// rows it does not claim).
+	require.Regexp(t, `LockRows[^\n]*\n\s*->  Index Scan using outbox_unprocessed_dest_idx`, plan)
 	// At most its own 2000 waiting rows are filtered, as by the claim of
 	// one destination; never the other's 20000 or the 50000 processed.
 	require.NotRegexp(t, `Rows Removed by Filter: (\d{5,}|[3-9]\d{3})`, plan)

@@ -194,8 +194,9 @@
 // PostgreSQL 15 with 100,000 waiting rows and 10 due, before migration 5:
 // 12 ms per claim without such indexes, a sequential scan, and 0.1 ms
 // with them). The claim then walks its destination's rows in id order from
-// that row, fetching none of the waiting rows below it (it passes over
-// their index entries: about 3 ms for 100,000), and passes over the
+// that row, so it reads none of the waiting rows below it (with 100,000
+// waiting rows below 10 due ones: 0.25 ms per claim, against 12 ms for
+// the claim before migration 5, which walked them), and passes over the
 // waiting rows among the due ones. Stats counts rows not
 // yet due as Scheduled, outside the backlog. A per-key order (Key) holds
 // among the rows that are due: a row waiting for its DueAt does not hold

@@ -838,14 +838,13 @@ const (
 
 // claimSQL claims the due rows in id order, skipping the rows other
 // claimers hold (SKIP LOCKED), among the ids from the lowest due id (lo:
-// the lowest id without next_attempt_at, one probe of
-// outbox_ready_dest_idx, or the lowest whose next_attempt_at has passed,
-// a range of outbox_waiting_dest_idx) to that plus $2 (claimWindow): a
+// the lowest id without next_attempt_at, the first entry of
+// outbox_ready_dest_idx after ($3, 0), NULL when that is another
+// destination's, or the lowest whose next_attempt_at has passed, a range
+// of outbox_waiting_dest_idx) to that plus $2 (claimWindow): a
 // claim whose keys are all held by others gives up there instead of
 // walking the whole backlog, and the rows waiting below the lowest due
-// one (scheduled, parked) are not fetched (their index entries are passed
-// over: 100,000 of them cost about 3 ms, against about 19 ms for the
-// claim before migration 5, which fetched them).
+// one (scheduled, parked) are not read.
 //
 // A keyed row is claimed only together with its key's slot lock, taken
 // (in the CASE, before the row lock) while the index is walked in id
@@ -864,22 +863,27 @@ const (
 // Everything is within the relay's destination $3 (RelayConfig.Destination;
 // the indexes of migration 5 lead with it), so the rows of other
 // destinations are neither read nor locked, and the key order is per
-// destination. The id bounds are row comparisons on (destination, id),
-// which only those indexes can serve: with plain id bounds the planner,
-// assuming destination and processed_at independent, may walk the
-// primary key in id order and filter out every processed row and every
-// other destination's row (TestClaimReadsOnlyItsDestination). The slot of a key mixes in $4 (destinationSalt), so relays
-// of two destinations do not wait for each other's keys.
+// destination. The bounds are row comparisons on (destination, id),
+// whose two ends hold destination to $3, and the order is (destination,
+// id): only those indexes serve them, as the start and end of an ordered
+// index range, so the walk stops after $1 claimable rows. With plain
+// "destination = $3 AND id < x ... ORDER BY id" the planner, which takes
+// destination and processed_at for independent, may walk the primary key
+// in id order and filter out every processed row and every other
+// destination's row (TestClaimReadsOnlyItsDestination). The slot of a key
+// mixes in $4 (destinationSalt), so relays of two destinations do not
+// wait for each other's keys.
 var claimSQL = fmt.Sprintf(`WITH lo AS (
   SELECT COALESCE(LEAST(
-    (SELECT min(r.id) FROM outbox r
-     WHERE r.processed_at IS NULL AND r.next_attempt_at IS NULL AND r.destination = $3 AND (r.destination, r.id) > ($3, 0)),
+    (SELECT CASE WHEN r.destination = $3 THEN r.id END FROM outbox r
+     WHERE r.processed_at IS NULL AND r.next_attempt_at IS NULL AND (r.destination, r.id) > ($3, 0)
+     ORDER BY r.destination, r.id LIMIT 1),
     (SELECT min(w.id) FROM outbox w
      WHERE w.processed_at IS NULL AND w.next_attempt_at IS NOT NULL AND w.destination = $3 AND w.next_attempt_at <= now())), 0) AS id
 ), c AS (
   SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
   FROM outbox
-  WHERE processed_at IS NULL AND destination = $3
+  WHERE processed_at IS NULL
     AND (destination, id) >= ($3, (SELECT id FROM lo))
     AND (destination, id) < ($3, (SELECT id FROM lo) + $2)
     AND CASE
@@ -887,7 +891,7 @@ var claimSQL = fmt.Sprintf(`WITH lo AS (
           WHEN partition_key = '' THEN true
           ELSE pg_try_advisory_xact_lock(%d, (hashtext(partition_key) # $4::int) & %d)
         END
-  ORDER BY id
+  ORDER BY destination, id
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), overtaken AS (

@@ -96,7 +96,8 @@
 // with it; the ferry command's api and relay take it as --destination.
 // The claim reads only its destination's rows, through indexes that lead
 // with the destination, so it costs what it costs on a database holding
-// only those rows (BenchmarkClaim in package outbox).
+// only those rows (BenchmarkClaim in package outbox: 1.01 to 1.05 times as
+// long with 50,000 rows of another destination interleaved).
 //
 // # Unique events
 //
@@ -110,5 +111,6 @@
 // "Unique events"; tested with 20 concurrent enqueues of one key). The
 // key is database-wide: include the event type in it. It costs an upsert
 // of one small row in the same round trip (BenchmarkEnqueue in package
-// outbox: 0.65 ms per transaction against 0.63 ms without a key).
+// outbox: a transaction with a new key took 1.02 times as long as one
+// without).
 package ferry

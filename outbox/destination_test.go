@@ -1,14 +1,17 @@
 package outbox_test
 
 import (
+	"os"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/internal/pgmigrate"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 )
@@ -162,4 +165,37 @@ func TestStatsByDestination(t *testing.T) {
 	p, err := outbox.RetryParked(ctx, pool, ids[1])
 	require.NoError(t, err)
 	require.Equal(t, "billing", p.Destination)
+}
+
+// A database migrated before destinations keeps its unpublished rows:
+// migration 5 gives them the default destination, and a relay without a
+// Destination publishes them.
+func TestMigrationGivesOldRowsTheDefaultDestination(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool, _ := testenv.NewPool(t)
+	old := fstest.MapFS{}
+	for _, name := range []string{"00001_outbox.sql", "00002_outbox_key_order.sql", "00003_worker_attempts.sql", "00004_outbox_scheduled.sql"} {
+		b, err := os.ReadFile("migrations/" + name)
+		require.NoError(t, err)
+		old[name] = &fstest.MapFile{Data: b}
+	}
+	require.NoError(t, pgmigrate.Set{FS: old, Table: outbox.MigrationsTable, LockID: 1, LockTimeout: 60}.Up(ctx, pool))
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (event_type, payload) VALUES ('test.old', '\x7b7d')`)
+	require.NoError(t, err)
+
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	current, latest, err := outbox.MigrationVersion(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, latest, current)
+	var dest string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT destination FROM outbox`).Scan(&dest))
+	require.Equal(t, outbox.DefaultDestination, dest)
+	b := newBroker(t)
+	ex := testenv.UniqueName("outbox-dest")
+	require.NoError(t, b.Declare(ctx, broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: ex + ".work", Bindings: []string{"test.old"}}}}))
+	t.Cleanup(func() { deleteRabbitObjects(t, ex) })
+	n, err := newRelay(t, outbox.RelayConfig{Pool: pool, Broker: b}).ProcessBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
 }

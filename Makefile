@@ -2,6 +2,8 @@
 #
 #   make test       start the servers (compose/local/services.sh up), point the
 #                   tests at them and run every package's tests, one at a time
+#   make test-long  the tests too slow for CI: SQS FIFO's 5-minute
+#                   deduplication window, waited out on ElasticMQ and moto
 #   make bench      print the throughput and latency figures (bench/README.md)
 #   make compare    ferry and Watermill's outbox side by side (bench/compare.sh)
 #   make services   start the servers and print their addresses
@@ -19,10 +21,16 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 45m
 PKGS     ?= ./...
 DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
-.PHONY: test tidy-check bench compare services services-down services-status demo build vet
+.PHONY: test test-long tidy-check bench compare services services-down services-status demo build vet
 
 test: tidy-check
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
+
+# About 6 minutes: it waits out SQS FIFO's deduplication window, which
+# neither ElasticMQ nor moto can shorten (brokers/sqs/dedup_test.go).
+test-long:
+	$(SERVICES) up postgres sqs moto && eval "$$($(SERVICES) env postgres sqs moto)" && \
+		FERRY_SQS_DEDUP_WINDOW_TEST=1 $(GO) test -count=1 -timeout 15m -run 'TestFIFODedup' -v ./brokers/sqs/
 
 # go.mod must be tidy: direct dependencies not marked indirect, nothing missing.
 # So must the Watermill peer's (bench/watermill, a module of its own), which

@@ -1,7 +1,8 @@
 // Package ferry is the entry point for using ferry as a library in your
 // own Go service: typed events enqueued in your own PostgreSQL
 // transaction, a handler mux that decodes them for your handlers, scheduled
-// events, and one constructor that runs the relay and the workers.
+// events, periodic jobs, handlers on pgx or database/sql, and one
+// constructor that runs the relay and the workers.
 //
 // A service does three things:
 //
@@ -35,9 +36,11 @@
 //
 //   - a message whose Type no registered pattern matches, with a reason
 //     wrapping ErrNoHandler that names the type and the patterns;
-//   - a message whose body does not decode into the handler's type, or
-//     whose decoded value fails its Validate method (Validator), with a
-//     reason wrapping ErrUndecodable that names the type and the decoding
+//   - a message whose body does not decode into the handler's type, with
+//     a reason wrapping ErrUndecodable that names the type and the
+//     decoding error;
+//   - a message whose decoded value fails its Validate method
+//     (Validator), with a reason wrapping ErrInvalidEvent and Validate's
 //     error.
 //
 // The reason is the DLQ message's broker.HeaderLastError; "ferry dlq list"
@@ -113,4 +116,71 @@
 // of one small row in the same round trip (BenchmarkEnqueue in package
 // outbox: a transaction with a new key took 1.02 times as long as one
 // without).
+//
+// # Periodic jobs
+//
+// Periodic builds a job from a name, a schedule (ParseSchedule: "@every
+// 1m", or a cron expression read by github.com/robfig/cron/v3, in UTC
+// unless it starts with CRON_TZ=) and an event (type and typed args,
+// encoded by NewEvent as Enqueue does). A Scheduler (NewScheduler), or
+// Config.Periodic of a Pipeline, enqueues the event at each tick; the
+// event then goes through the outbox, the relay and the broker like any
+// other, and Handle's handler receives it. Give every replica the same
+// jobs:
+//
+//   - Exactly once per tick. Each job has one row in PeriodicTable
+//     (ferry_periodic) with the latest tick enqueued. At a tick every
+//     replica opens a transaction, locks the row (SELECT ... FOR UPDATE)
+//     and, when last_tick is before the tick, moves it to the tick and
+//     inserts the outbox event, then commits: a replica that waited for
+//     the lock finds the tick taken and writes nothing. A replica killed
+//     inside that transaction leaves nothing behind (PostgreSQL rolls it
+//     back when the connection drops), and another replica, or the same
+//     one restarted, takes the tick. Tested: three replicas killed with
+//     SIGKILL at random moments, about twice a second, over 10 s of a job
+//     every second: each tick enqueued once, none missing.
+//   - Ticks are times, the same on every replica: "@every D" ticks at the
+//     multiples of D since the zero time.Time (for D dividing a day, at
+//     the multiples of D since midnight UTC); a cron expression at its
+//     matching times. A replica fires a tick by its own clock, so a clock
+//     running ahead fires it early, never twice.
+//   - The first replica that ever runs a job registers it: its ticks start
+//     after that moment (no back-fill).
+//   - Ticks missed while no scheduler ran (every replica down, or the
+//     database unreachable): when a scheduler runs again it enqueues at
+//     once the latest missed tick only, and logs at WARN how many earlier
+//     ticks it skipped ("ticks missed while no scheduler ran were
+//     skipped", with "skipped" and "last_enqueued_tick"). So a restart
+//     neither repeats a tick nor drops one silently, and a job that runs
+//     every minute does not run 600 times after a 10-hour outage.
+//   - The event's AppID is "<name>@<tick>" (RFC 3339, UTC) unless the job
+//     sets WithAppID: the handler, "ferry dlq list" and the outbox show
+//     which tick a message is. A job's DueAt/DueIn options are refused.
+//   - Cost: one transaction per tick per replica (the losers' is a lock
+//     wait and a read), and one row per job. The winner's transaction is
+//     BEGIN and the lock in one round trip, the update, the outbox insert
+//     and the commit: BenchmarkPeriodicTick measured 1.7 to 2.1 ms per
+//     tick against 0.9 to 2.4 ms for a transaction with one Enqueue of the
+//     same event (three runs on a loaded 2-core machine, where the
+//     commit's WAL flush dominates both): at most about twice a plain
+//     Enqueue.
+//
+// # database/sql handlers
+//
+// For services written on database/sql, HandleSQL registers a typed
+// handler that takes a *sql.Tx (SQLJobHandler), and Mux.HandleMessageSQL
+// serves it: set worker.Config.SQLHandler (not Handler) to it. The worker
+// then opens its deduplication transaction through database/sql (pgx's
+// driver, github.com/jackc/pgx/v5/stdlib, over the worker's pool), so the
+// handler's writes and the dedup row commit together or not at all, as
+// with a pgx.Tx: a handler error rolls its writes back, and a redelivery
+// after the commit is acked as a duplicate without running the handler.
+// A Mux serves one kind: a message whose handler needs the other kind of
+// transaction is dead-lettered at once with ErrWrongTransaction. Batches
+// (worker.Config.BatchSize > 1) need a pgx.Tx. Cost: database/sql cannot
+// pipeline, so BEGIN, the dedup insert and the attempt read are three
+// round trips where the pgx path sends one; BenchmarkSQLHandler (NATS,
+// one insert per handler) measured about 1.1 times the pgx handler's
+// time per message (720 against 650 µs at the default concurrency of 10,
+// on 2 cores). EnqueueSQL is the enqueueing side.
 package ferry

@@ -24,9 +24,15 @@ var (
 	// DLQ once a worker that handles the type runs.
 	ErrNoHandler = errors.New("ferry: no handler for the event type")
 	// ErrUndecodable is the reason a message whose body does not decode
-	// into the handler's type, or whose decoded value fails its Validate
-	// method, is dead-lettered at once (wrapped in worker.Permanent).
+	// into the handler's type is dead-lettered at once (wrapped in
+	// worker.Permanent).
 	ErrUndecodable = errors.New("ferry: event body does not decode")
+	// ErrInvalidEvent is the reason a message whose body decodes but whose
+	// value its Validate method refuses (Validator) is dead-lettered at
+	// once (wrapped in worker.Permanent, with Validate's error wrapped
+	// too). It is not ErrUndecodable: the body is well-formed, the event
+	// is not acceptable.
+	ErrInvalidEvent = errors.New("ferry: invalid event")
 	// ErrInvalidConfig is wrapped by the errors of Mux.Handle, Handle and
 	// New for a registration or Config they refuse; the message names the
 	// field or the pattern.
@@ -35,8 +41,8 @@ var (
 
 // Validator is implemented by an event type that checks itself after
 // decoding. When the handler's type T (or *T) has a Validate method,
-// Decode calls it, and an error makes the message undecodable
-// (ErrUndecodable, dead-lettered at once).
+// Decode calls it, and an error makes the message an invalid event
+// (ErrInvalidEvent, dead-lettered at once).
 type Validator interface {
 	// Validate returns nil for a usable value, else an error saying what
 	// is wrong with it.
@@ -69,7 +75,9 @@ type JobHandler[T any] func(ctx context.Context, tx pgx.Tx, job *Job[T]) error
 // and never dropped.
 //
 // A Mux serves as the worker.Handler of a worker (Mux.HandleMessage), so
-// one worker handles several event types arriving on one queue. Register
+// one worker handles several event types arriving on one queue; a Mux of
+// HandleSQL handlers serves as its worker.SQLHandler
+// (Mux.HandleMessageSQL). Register
 // every handler before the worker runs; registering while it runs is safe
 // but a message may miss a handler registered after it arrived. The zero
 // Mux is empty and ready to use.
@@ -80,7 +88,8 @@ type Mux struct {
 
 type route struct {
 	pattern string
-	h       worker.Handler
+	h       worker.Handler    // Handle's; nil for a HandleSQL route
+	hs      worker.SQLHandler // HandleSQL's (mux_sql.go)
 }
 
 // NewMux returns an empty Mux.
@@ -120,7 +129,8 @@ func (m *Mux) Patterns() []string {
 }
 
 // Handler returns the handler the first matching pattern registered for
-// eventType, and that pattern; nil and "" when none matches.
+// eventType, and that pattern; nil and "" when none matches, nil and the
+// pattern when it was registered with HandleSQL.
 func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -136,12 +146,16 @@ func (m *Mux) Handler(eventType string) (h worker.Handler, pattern string) {
 // worker.Config.Handler to mux.HandleMessage. It runs the handler of
 // msg.Type and returns its result; for a Type no pattern matches it
 // returns worker.Permanent of an error wrapping ErrNoHandler that names
-// the type and the registered patterns.
+// the type and the registered patterns, and for a handler registered with
+// HandleSQL one wrapping ErrWrongTransaction.
 func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
 	if msg == nil {
 		return worker.Permanent(fmt.Errorf("%w: nil message", ErrNoHandler))
 	}
-	h, _ := m.Handler(msg.Type)
+	h, pattern := m.Handler(msg.Type)
+	if h == nil && pattern != "" {
+		return wrongTxForPgx(msg, pattern)
+	}
 	if h == nil {
 		return worker.Permanent(fmt.Errorf("%w %q (message %s; this worker handles: %s)",
 			ErrNoHandler, msg.Type, msg.ID, strings.Join(m.Patterns(), ", ")))
@@ -151,9 +165,10 @@ func (m *Mux) HandleMessage(ctx context.Context, tx pgx.Tx, msg *broker.Message)
 
 // Handle registers on m a typed handler for the event types that match
 // pattern: the worker decodes each message's JSON body into a T (Decode)
-// and calls h with it. A body that does not decode, or a T whose Validate
-// method fails, is dead-lettered at once with a reason wrapping
-// ErrUndecodable, without calling h. Errors are those of Mux.Handle.
+// and calls h with it. A body that does not decode is dead-lettered at
+// once with a reason wrapping ErrUndecodable, a T whose Validate method
+// fails with one wrapping ErrInvalidEvent, without calling h. Errors are
+// those of Mux.Handle.
 func Handle[T any](m *Mux, pattern string, h JobHandler[T]) error {
 	if h == nil {
 		return fmt.Errorf("%w: mux: pattern %q: nil handler", ErrInvalidConfig, pattern)
@@ -170,8 +185,9 @@ func Handle[T any](m *Mux, pattern string, h JobHandler[T]) error {
 // Decode decodes msg's JSON body into a T with encoding/json (fields of
 // the body that T does not have are ignored, so producers may add fields
 // before consumers know them) and then calls T's Validate method when T
-// or *T is a Validator. The error wraps ErrUndecodable and names the
-// message, its type and T.
+// or *T is a Validator. The error wraps ErrUndecodable (the body is not a
+// JSON T) or ErrInvalidEvent and Validate's error (Validate refused it),
+// and names the message, its type and T.
 func Decode[T any](msg *broker.Message) (T, error) {
 	var v T
 	if msg == nil {
@@ -188,7 +204,7 @@ func Decode[T any](msg *broker.Message) (T, error) {
 	}
 	if val != nil {
 		if err := val.Validate(); err != nil {
-			return v, fmt.Errorf("%w: message %s (type %s): invalid %s: %w", ErrUndecodable, msg.ID, msg.Type, typeName[T](), err)
+			return v, fmt.Errorf("%w: message %s (type %s): %s refused by its Validate: %w", ErrInvalidEvent, msg.ID, msg.Type, typeName[T](), err)
 		}
 	}
 	return v, nil

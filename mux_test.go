@@ -98,20 +98,29 @@ func TestHandleDecodesAndValidates(t *testing.T) {
 
 	got = nil
 	for name, body := range map[string]string{
-		"not JSON":       `{`,
-		"empty":          ``,
-		"wrong type":     `{"email":7}`,
-		"fails Validate": `{"email":""}`,
+		"not JSON":   `{`,
+		"empty":      ``,
+		"wrong type": `{"email":7}`,
 	} {
 		err := mux.HandleMessage(context.Background(), nil, &broker.Message{ID: "4", Type: "user.signup", Body: []byte(body)})
 		require.ErrorIs(t, err, ferry.ErrUndecodable, name)
+		require.NotErrorIs(t, err, ferry.ErrInvalidEvent, name)
 		require.True(t, worker.IsPermanent(err), "%s: dead-lettered at once", name)
 		require.Contains(t, err.Error(), "ferry_test.signup", name)
 		require.Nil(t, got, "%s: the handler must not run", name)
 	}
 
-	_, err := ferry.Decode[pointerValidated](&broker.Message{Body: []byte(`{"n":-1}`)})
-	require.ErrorIs(t, err, ferry.ErrUndecodable, "Validate on *T is called too")
+	// A body Validate refuses is an invalid event, not an undecodable body,
+	// and the reason says so.
+	err := mux.HandleMessage(context.Background(), nil, &broker.Message{ID: "5", Type: "user.signup", Body: []byte(`{"email":""}`)})
+	require.ErrorIs(t, err, ferry.ErrInvalidEvent)
+	require.NotErrorIs(t, err, ferry.ErrUndecodable)
+	require.True(t, worker.IsPermanent(err), "dead-lettered at once")
+	require.Equal(t, "ferry: invalid event: message 5 (type user.signup): ferry_test.signup refused by its Validate: email is required", err.Error())
+	require.Nil(t, got, "the handler must not run")
+
+	_, err = ferry.Decode[pointerValidated](&broker.Message{Body: []byte(`{"n":-1}`)})
+	require.ErrorIs(t, err, ferry.ErrInvalidEvent, "Validate on *T is called too")
 	v, err := ferry.Decode[pointerValidated](&broker.Message{Body: []byte(`{"n":5}`)})
 	require.NoError(t, err)
 	require.Equal(t, 5, v.N)

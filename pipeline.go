@@ -20,9 +20,9 @@ import (
 // of every optional field means its documented default, the same default
 // the ferry command uses for the matching flag.
 type Config struct {
-	// Pool is the PostgreSQL pool holding the outbox and
-	// processed_messages and worker_attempts (outbox.Migrate) and the
-	// handlers' tables.
+	// Pool is the PostgreSQL pool holding the outbox,
+	// processed_messages, worker_attempts and ferry_periodic
+	// (outbox.Migrate) and the handlers' tables.
 	// Required. Size it for the relay (outbox.RelayConfig.Pool) plus each
 	// worker's Concurrency.
 	Pool *pgxpool.Pool
@@ -46,11 +46,18 @@ type Config struct {
 	// Defaults to outbox.DefaultDestination.
 	Destination string
 	// Workers are the workers to run, one per queue consumed, e.g.
-	// {Queue: "orders", Handler: mux.HandleMessage}. In each, Pool, Broker,
+	// {Queue: "orders", Handler: mux.HandleMessage}, or SQLHandler:
+	// mux.HandleMessageSQL for HandleSQL handlers. In each, Pool, Broker,
 	// Topology and Logger default to the Pipeline's and Consumer to Queue;
 	// every other field to the worker package's defaults. Empty: no worker
 	// in this process.
 	Workers []worker.Config
+	// Periodic are the periodic jobs (Periodic) this process enqueues at
+	// their ticks, with a Scheduler on Pool: give every replica the same
+	// list, and each tick is enqueued once across them (package doc,
+	// "Periodic jobs"). Their events go through the outbox to the relay
+	// like any other. Empty: none.
+	Periodic []*PeriodicJob
 	// MaxMessageBytes is the largest message (broker.Message.Size, bytes)
 	// the application publishes; New refuses a broker that cannot carry it
 	// (broker.Capabilities.Check). 0: not checked.
@@ -64,9 +71,10 @@ type Config struct {
 // (Enqueue). Create it with New; the ferry command's relay, worker and
 // run commands are built on it.
 type Pipeline struct {
-	cfg     Config
-	relay   *outbox.Relay
-	workers []*worker.Worker
+	cfg       Config
+	relay     *outbox.Relay
+	workers   []*worker.Worker
+	scheduler *Scheduler
 }
 
 // New validates cfg and builds the relay and the workers it asks for. It
@@ -83,8 +91,8 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, bad("Config.Pool: required")
 	case cfg.Broker == nil:
 		return nil, bad("Config.Broker: required")
-	case cfg.Relay == nil && len(cfg.Workers) == 0:
-		return nil, bad("Config.Relay and Config.Workers: nothing to run (set a Relay, Workers, or both)")
+	case cfg.Relay == nil && len(cfg.Workers) == 0 && len(cfg.Periodic) == 0:
+		return nil, bad("Config.Relay, Config.Workers and Config.Periodic: nothing to run (set a Relay, Workers, Periodic jobs, or several)")
 	case cfg.MaxMessageBytes < 0:
 		return nil, bad("Config.MaxMessageBytes %d: must not be negative", cfg.MaxMessageBytes)
 	}
@@ -102,6 +110,16 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("ferry: %w", err)
 	}
 	p := &Pipeline{cfg: cfg}
+	if err := validateJobs("Config.Periodic", cfg.Periodic); err != nil {
+		return nil, err
+	}
+	if len(cfg.Periodic) > 0 {
+		s, err := NewScheduler(SchedulerConfig{Pool: cfg.Pool, Jobs: cfg.Periodic, Logger: cfg.Logger.With("component", "periodic")})
+		if err != nil {
+			return nil, fmt.Errorf("ferry: Config.Periodic: %w", err)
+		}
+		p.scheduler = s
+	}
 	if cfg.Relay != nil {
 		rc := *cfg.Relay
 		if rc.Pool == nil {
@@ -158,14 +176,15 @@ func (p *Pipeline) Relay() *outbox.Relay { return p.relay }
 // Workers returns the pipeline's workers in the order of Config.Workers.
 func (p *Pipeline) Workers() []*worker.Worker { return p.workers }
 
-// Run declares the topology, then runs the relay and the workers until
-// ctx is done and returns nil once they all stopped (each within its own
-// shutdown bound: outbox.Relay.Run, worker.Config.ShutdownTimeout). While
+// Run declares the topology, then runs the relay, the workers and the
+// periodic jobs' Scheduler until ctx is done and returns nil once they all
+// stopped (each within its own shutdown bound: outbox.Relay.Run,
+// worker.Config.ShutdownTimeout). While
 // the broker refuses Declare for a passing reason (unreachable), Run
 // retries it with backoff (0.5 s doubling to 5 s), so a service started
 // before its broker waits for it. It returns an error when Declare fails
-// for good (broker.ErrTopologyMismatch, broker.ErrUnsupported,
-// broker.ErrClosed), or when the relay or a worker returns one (e.g. the
+// for good (broker.IsPermanent: broker.ErrTopologyMismatch,
+// broker.ErrUnsupported, broker.ErrRefused; and broker.ErrClosed), or when the relay or a worker returns one (e.g. the
 // broker was closed under them); the others are stopped first.
 func (p *Pipeline) Run(ctx context.Context) error {
 	if err := p.declare(ctx); err != nil {
@@ -180,6 +199,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	for _, w := range p.workers {
 		g.Go(func() error { return w.Run(gctx) })
+	}
+	if p.scheduler != nil {
+		g.Go(func() error { return p.scheduler.Run(gctx) })
 	}
 	return g.Wait()
 }
@@ -197,7 +219,7 @@ func (p *Pipeline) declare(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, broker.ErrTopologyMismatch) || errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrClosed) {
+		if broker.IsPermanent(err) || errors.Is(err, broker.ErrClosed) {
 			return fmt.Errorf("ferry: declare topology: %w", err)
 		}
 		if attempt == 1 || attempt%10 == 0 {

@@ -85,7 +85,9 @@ func visibleCommands() map[string]*cli.Command {
 			walk(name, c.Subcommands)
 		}
 	}
-	walk("", ferrycli.NewApp(io.Discard, io.Discard).Commands)
+	a := ferrycli.NewApp(io.Discard, io.Discard)
+	a.Setup() // adds the help command, as Run does
+	walk("", a.Commands)
 	return out
 }
 
@@ -266,5 +268,23 @@ func checkCommandLine(t *testing.T, cmds map[string]*cli.Command, line string, a
 			}
 			require.True(t, found, "README: %q: ferry %s has no flag --%s", line, p, name)
 		}
+	}
+}
+
+// TestREADMEShowsThePeriodicAndSQLExamples: the README's code for
+// periodic jobs and database/sql handlers is the code that
+// Example_periodic and Example_sqlHandler run.
+func TestREADMEShowsThePeriodicAndSQLExamples(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for file, tag := range map[string]string{"example_periodic_test.go": "periodic", "example_sql_test.go": "database/sql"} {
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		begin, end := "// README "+tag+": begin", "// README "+tag+": end"
+		_, rest, ok := strings.Cut(string(src), begin)
+		require.True(t, ok, "%s: no %q", file, begin)
+		code, _, ok := strings.Cut(rest, end)
+		require.True(t, ok, "%s: no %q", file, end)
+		require.Contains(t, string(readme), "```go\n"+strings.Trim(code, "\n")+"\n```", "README's code differs from %s; copy it over", file)
 	}
 }

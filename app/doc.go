@@ -109,7 +109,9 @@
 // the worker retries like any other: the trade-off is at-least-once (a
 // possible duplicate, same Message-ID) over at-most-once (a possibly lost
 // mail marked dead or sent without proof). An operator who prefers the
-// other side can watch for ErrDeliveryUnknown in last_error.
+// other side can watch for ErrDeliveryUnknown in last_error, which keeps
+// it after the retry that sends the mail (any other earlier error is
+// cleared once the notification is sent).
 //
 // Mail is sent one SMTP connection per notification, with no TLS and no
 // authentication (a local relay such as Mailpit).

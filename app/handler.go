@@ -28,7 +28,7 @@ var (
 
 // Validate reports a RequestedEvent that names no notification: its
 // NotificationID must be a positive decimal integer. ferry.Decode calls it,
-// so such an event is dead-lettered at once (ferry.ErrUndecodable).
+// so such an event is dead-lettered at once (ferry.ErrInvalidEvent).
 func (e RequestedEvent) Validate() error {
 	if _, err := e.id(); err != nil {
 		return err
@@ -82,8 +82,9 @@ func (a *App) Mux() *ferry.Mux { return a.mux }
 //
 // It routes through the service's Mux: a message of another type is
 // dead-lettered at once (ferry.ErrNoHandler), and a payload that does not
-// decode into a RequestedEvent, or names no positive notification id, too
-// (ferry.ErrUndecodable); a notification id with no row is
+// decode into a RequestedEvent (ferry.ErrUndecodable), or names no
+// positive notification id (ferry.ErrInvalidEvent), too; a notification
+// id with no row is
 // worker.Permanent as well (ErrNotFound). An SMTP 5xx answer is permanent
 // too, at any step of the dialogue (greeting, EHLO/HELO, MAIL, RCPT, end
 // of data); other SMTP and network errors, 4xx answers included, are
@@ -124,11 +125,16 @@ func (a *App) handleRequested(ctx context.Context, tx pgx.Tx, job *ferry.Job[Req
 	// Mark it sent first: after the SMTP server accepts the mail, only the
 	// commit is left, so a cancelled ctx or a failing statement can no
 	// longer undo the mark of a mail that went out. If the send fails, the
-	// worker rolls tx back and the mark with it.
+	// worker rolls tx back and the mark with it. The error of an earlier
+	// attempt (one before a DLQ replay, say) no longer describes a sent
+	// notification and is cleared, unless it was ErrDeliveryUnknown: that
+	// earlier attempt may have delivered a copy too, which the operator
+	// watching last_error must still see.
 	if _, err := tx.Exec(ctx, `
 		UPDATE notifications
-		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now()
-		WHERE id = $1`, id); err != nil {
+		SET status = 'sent', attempts = attempts + 1, sent_at = now(), updated_at = now(),
+		    last_error = CASE WHEN strpos(last_error, $2) > 0 THEN last_error END
+		WHERE id = $1`, id, ErrDeliveryUnknown.Error()); err != nil {
 		return fmt.Errorf("app: mark notification %d sent: %w", id, err)
 	}
 	if err := a.send(ctx, id, createdAt, to, subject, body); err != nil {

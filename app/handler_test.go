@@ -280,3 +280,41 @@ func TestConcurrentDeliveriesSendOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n.Attempts)
 }
+
+// TestSentClearsTheLastError: a notification dead after an SMTP error and
+// sent once replayed from the DLQ (the attempt count starts again) no
+// longer shows the old error; an earlier ErrDeliveryUnknown stays, since
+// that attempt may have delivered a copy too.
+func TestSentClearsTheLastError(t *testing.T) {
+	t.Parallel()
+	testenv.RequireTCP(t, "smtp", testenv.SMTPAddr())
+	b := setup(t, app.Config{})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		cause error
+		kept  bool
+	}{
+		{errors.New("smtp: 554 5.7.1 relay access denied"), false},
+		{fmt.Errorf("%w (notification 1, smtp %s): i/o timeout", app.ErrDeliveryUnknown, testenv.SMTPAddr()), true},
+	} {
+		req := valid()
+		req["to"] = testenv.UniqueName("lasterror") + "@example.com"
+		id := b.create(t, req)
+		msg := b.outboxMessage(t, id)
+		require.NoError(t, b.inTx(func(tx pgx.Tx) error { return b.app.OnFailure(ctx, tx, msg, tc.cause, true) }))
+		r := b.do(t, http.MethodGet, "/notifications/"+id, nil, nil)
+		require.Equal(t, "dead", r.obj["status"])
+		require.Equal(t, tc.cause.Error(), r.obj["last_error"])
+
+		replayed := msg.Clone() // dlq replay: the retry count is reset
+		require.NoError(t, b.inTx(func(tx pgx.Tx) error { return b.app.HandleNotification(ctx, tx, replayed) }))
+		r = b.do(t, http.MethodGet, "/notifications/"+id, nil, nil)
+		require.Equal(t, "sent", r.obj["status"], "%s", r.raw)
+		require.EqualValues(t, 2, r.obj["attempts"])
+		if tc.kept {
+			require.Equal(t, tc.cause.Error(), r.obj["last_error"], "a possible earlier delivery stays visible")
+		} else {
+			require.Nil(t, r.obj["last_error"], "the old SMTP error no longer describes a sent notification")
+		}
+	}
+}

@@ -25,7 +25,9 @@ type Notification struct {
 	// Attempts counts delivery attempts, failed and successful.
 	Attempts int `json:"attempts"`
 	// LastError is the reason of the last failed attempt; null when none
-	// failed. It is kept after a later success.
+	// failed. A later success clears it, unless it is an ErrDeliveryUnknown
+	// error (that attempt may have delivered a copy as well), which is
+	// kept.
 	LastError *string `json:"last_error"`
 	// CreatedAt is when the request was accepted.
 	CreatedAt time.Time `json:"created_at"`

@@ -350,10 +350,12 @@ func (e *PublishError) Unwrap() []error {
 
 // IsMessageFault reports whether err, a FailedMessage.Err or a Publish
 // error, is a failure of the message itself (it wraps ErrNacked,
-// ErrUnroutable, ErrMessageTooLarge or ErrInvalidMessage) rather than of
-// the broker as a whole (unreachable, closed, a deadline passed). A caller
-// retries a message fault with a per-message backoff and an outage by
-// pausing all publishing.
+// ErrUnroutable, ErrMessageTooLarge or ErrInvalidMessage; a
+// *RefusedCallError wraps ErrInvalidMessage) rather than of the broker as
+// a whole (unreachable, closed, a deadline passed, a server error,
+// throttling, credentials; see Broker.Publish). A caller retries a message
+// fault with a per-message backoff and an outage by pausing all
+// publishing.
 func IsMessageFault(err error) bool {
 	return errors.Is(err, ErrInvalidMessage) || errors.Is(err, ErrMessageTooLarge) ||
 		errors.Is(err, ErrUnroutable) || errors.Is(err, ErrNacked)
@@ -504,13 +506,42 @@ type Broker interface {
 	// once the broker durably confirmed every message (RabbitMQ: publisher
 	// confirms with persistent delivery mode and the mandatory flag, so an
 	// unroutable message is an error, not a silent drop). When some messages
-	// fail it returns a *PublishError listing them; the others are
-	// confirmed. Any other error means none of the batch is known to be
-	// confirmed. Publish honours ctx's deadline and never blocks past it;
-	// when ctx has no deadline the adapter applies its own publish timeout.
-	// A message may be stored even when Publish returned an error for it
-	// (the confirm was lost): the caller publishes it again and consumers
-	// deduplicate. Publish reconnects by itself after a connection loss.
+	// fail it returns a *PublishError listing exactly those; the others are
+	// confirmed, and the caller must not send them again. Any other error
+	// means none of the batch is known to be confirmed. Publish honours
+	// ctx's deadline and never blocks past it; when ctx has no deadline the
+	// adapter applies its own publish timeout. A message may be stored even
+	// when Publish returned an error for it (the confirm was lost): the
+	// caller publishes it again and consumers deduplicate. Publish
+	// reconnects by itself after a connection loss.
+	//
+	// Each error the broker can give is classified, for one message or for
+	// a whole call (a request carrying several messages):
+	//   - an outage, which says nothing about the messages and passes on a
+	//     later try: no answer (connection refused or lost, timeout, ctx
+	//     done), a server error (HTTP 5xx, Kafka NOT_LEADER or
+	//     REQUEST_TIMED_OUT, a JetStream cluster without quorum), throttling
+	//     or a quota, authentication or authorisation, a missing or closed
+	//     topic, stream or queue. Its messages fail with that error, which
+	//     IsMessageFault does not recognise.
+	//   - a message fault, which publishing the same message again repeats:
+	//     the broker refused the message for what it is (its size, body,
+	//     headers or routing: ErrMessageTooLarge, ErrInvalidMessage,
+	//     ErrUnroutable, ErrNacked). When the broker refused a whole call
+	//     that carried several messages for such a reason without saying
+	//     which (an SQS HTTP 400 for the whole SendMessageBatch, a Kafka
+	//     record batch refused as MESSAGE_TOO_LARGE or INVALID_RECORD, a
+	//     RabbitMQ channel closed by PRECONDITION_FAILED), the adapter sends
+	//     its messages again apart (SendSplitting) so that only the
+	//     message(s) at fault fail, and the others are published.
+	//
+	// Whenever one Publish makes several calls (SQS batches of 10, Kafka
+	// produce requests per partition, NATS per-message publishes, RabbitMQ
+	// per-message confirms), the outcome is per message: the messages of
+	// the calls the broker accepted are confirmed and absent from the
+	// *PublishError, the others are listed with their call's error. Each
+	// adapter's package doc lists what it classifies how, citing its
+	// broker's documentation.
 	Publish(ctx context.Context, msgs []*Message) error
 
 	// Subscribe starts consuming the named declared queue, with at most
@@ -594,6 +625,13 @@ type Subscription interface {
 // ErrAlreadyAcked and does nothing. Settling after the connection that
 // received the delivery was lost returns an error, and the broker
 // redelivers the message: consumers must deduplicate.
+//
+// A settlement's error is classified by SettleReason into a bounded
+// reason (ReasonClosed, ReasonConnection, ReasonExpired, ...); adapters
+// wrap the broker errors only they can classify with SettleFault. A
+// refusal an adapter works around by itself (it tries again another way
+// and the method returns nil) is reported to the SettleObserver of the
+// method's ctx with ReportSettleFailure, so it is never silent.
 type Delivery interface {
 	// Message returns the received message; Attempt is set. The returned
 	// value must not be modified.

@@ -28,9 +28,15 @@
 // of the message itself (ErrInvalidMessage, ErrMessageTooLarge,
 // ErrUnroutable, ErrNacked; IsMessageFault) fails the same way when the
 // message is published again unchanged; anything else is a failure of the
-// broker (unreachable, closed, a deadline passed) and says nothing about
-// the message. The outbox relay parks the first kind with a per-message
-// backoff and waits out the second as one outage.
+// broker (unreachable, closed, a deadline passed, a server error,
+// throttling, credentials) and says nothing about the message. The outbox
+// relay parks the first kind with a per-message backoff and waits out the
+// second as one outage. A call to the broker that carried several
+// messages and was refused as a whole because of them is neither: the
+// adapter finds the message(s) at fault by sending the others apart
+// (SendSplitting, RefusedCallError), so one bad message never holds back
+// the good ones. A Publish that made several calls reports per message
+// which were accepted (PublishResult), and those are never sent again.
 //
 // A retried message comes back only to the queue it failed in. After the
 // last attempt the worker moves it to the queue's DLQ (DLQName) with the
@@ -38,5 +44,35 @@
 // the same way on every broker, and its Where names the broker's own
 // object that holds it (an SQS queue's real name differs from DLQName).
 //
-// Package brokertest is the conformance suite every adapter runs.
+// A settlement (Ack, Retry, DeadLetter, Extend) that fails returns an
+// error that SettleReason classifies into a short, bounded reason
+// (ReasonConnection, ReasonExpired, ReasonNotFound, ...; an adapter wraps
+// what only it can classify with SettleFault). A refusal the adapter
+// works around by itself, so that the method returns nil, is reported to
+// the SettleObserver of the method's ctx (ReportSettleFailure); package
+// worker logs and counts both kinds.
+//
+// An adapter's New fails in one of two ways. What waiting cannot cure is
+// permanent (IsPermanent): a Config it refuses before any network access
+// (ErrInvalidConfig, a *ConfigError naming the field: a malformed URL, an
+// unknown scheme, an address without a port) or a server that refused the
+// login (ErrRefused, with the server's words). Anything else (connection
+// refused, a timeout, a DNS failure) can pass, and a caller that waits for
+// its broker retries it.
+//
+// # What the broker does on its own
+//
+// A broker may give up on a message by itself: after a number of
+// deliveries (SQS redrive, JetStream MaxDeliver, a RabbitMQ
+// delivery-limit), past a length or age limit (RabbitMQ policies, Kafka
+// retention, SQS retention). Adapters whose broker has such limits that a
+// worker's settings must agree with implement LimitReporter, and package
+// worker refuses to start against them; a message RabbitMQ drops still
+// reaches the queue's DLQ (its dead-letter exchange), listed with the
+// broker's reason; where no DLQ can catch it (Kafka, JetStream, SQS
+// retention), the adapter implements BacklogReporter, so an alert fires
+// while the oldest unread message is still well within the retention.
+//
+// Package brokertest is the conformance suite every adapter runs
+// (RunConformance), with RunConnectErrors for New's errors.
 package broker

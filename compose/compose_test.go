@@ -304,6 +304,21 @@ func checkRoles(p *types.Project) error {
 			}
 			continue
 		}
+		// The CLI listens on loopback by default, which a published port
+		// cannot reach: every role must listen on every interface.
+		listen := env(s, "FERRY_METRICS_ADDR")
+		if cmd == "api" {
+			listen = env(s, "FERRY_ADDR")
+		}
+		if host, _, err := net.SplitHostPort(listen); err != nil || (host != "" && host != "0.0.0.0") {
+			fail("listens on %q: want 0.0.0.0:PORT (the CLI's default is loopback, unreachable from the published port)", listen)
+		}
+		if d := s.DependsOn["migrate-"+profile]; d.Condition != types.ServiceConditionCompletedSuccessfully {
+			fail("must wait for migrate-%s to complete", profile)
+		}
+		if cmd == "api" {
+			continue // no broker: the API writes the outbox, which the relay publishes
+		}
 
 		if b := env(s, "FERRY_BROKER"); b != profile {
 			fail("FERRY_BROKER %q: want %q, its profile", b, profile)
@@ -322,9 +337,6 @@ func checkRoles(p *types.Project) error {
 		}
 		if d := s.DependsOn[spec.service]; d.Condition != types.ServiceConditionHealthy {
 			fail("must wait for %s to be healthy", spec.service)
-		}
-		if d := s.DependsOn["migrate-"+profile]; d.Condition != types.ServiceConditionCompletedSuccessfully {
-			fail("must wait for migrate-%s to complete", profile)
 		}
 		if cmd == "worker" {
 			if got := env(s, "FERRY_SMTP_ADDR"); got != "mailpit:1025" {
@@ -458,8 +470,9 @@ func TestRoles(t *testing.T) {
 		require.Contains(t, ferrycli.Brokers, b, "--broker %s", b)
 	}
 
-	// SQS: region and credentials for the AWS SDK.
-	for _, r := range []string{"api-sqs", "relay-sqs", "worker-sqs"} {
+	// SQS: region and credentials for the AWS SDK (not the API, which
+	// talks to no broker).
+	for _, r := range []string{"relay-sqs", "worker-sqs"} {
 		s := service(t, p, r)
 		require.Equal(t, ferrycli.DefaultAWSRegion, env(s, "FERRY_AWS_REGION"), r)
 		require.NotEmpty(t, env(s, "AWS_ACCESS_KEY_ID"), r)

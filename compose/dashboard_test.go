@@ -235,6 +235,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		metrics.WorkerMessagesTotal,               // worker outcomes
 		metrics.WorkerHandlerDuration + "_bucket", // handler duration
 		metrics.WorkerEndToEndLatency + "_bucket", // create-to-handled percentiles
+		metrics.WorkerSettleFailures,              // settle failures (issue 16)
 	} {
 		require.True(t, queried[name], "the dashboard shows %s", name)
 	}

@@ -27,8 +27,11 @@ const (
 	WorkerMessagesTotal      = "ferry_worker_messages_total"
 	WorkerHandlerDuration    = "ferry_worker_handler_duration_seconds"
 	WorkerEndToEndLatency    = "ferry_worker_end_to_end_latency_seconds"
+	WorkerSettleFailures     = "ferry_worker_settle_failures_total"
 	BrokerLabel              = "broker"
 	OutcomeLabel             = "outcome"
+	OpLabel                  = "op"
+	ReasonLabel              = "reason"
 	DefaultOutboxStatTimeout = 2 * time.Second
 )
 
@@ -68,6 +71,7 @@ type Metrics struct {
 	messages       *prometheus.CounterVec
 	handlerSeconds prometheus.Histogram
 	latency        prometheus.Histogram
+	settleFailures *prometheus.CounterVec
 	now            func() time.Time
 }
 
@@ -100,7 +104,7 @@ func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
 		}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: WorkerMessagesTotal,
-			Help: "Deliveries the worker settled, by outcome (ack, retry, dead, duplicate, unsettled).",
+			Help: "Deliveries the worker settled, by outcome (ack, retry, dead, duplicate, unsettled); ack, retry, dead and duplicate count only settlements the broker took, unsettled those it did not.",
 		}, []string{OutcomeLabel}),
 		handlerSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    WorkerHandlerDuration,
@@ -112,13 +116,22 @@ func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
 			Help:    "Time from the outbox row's commit (x-created-at header) to the worker's ack, in seconds.",
 			Buckets: LatencyBuckets,
 		}),
+		settleFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: WorkerSettleFailures,
+			Help: "Settlements the broker did not take, by op (ack, retry, dead_letter, extend) and reason (broker.SettleReason: closed, connection, timeout, canceled, expired, not_found, throttled, refused, already_settled, other); includes refusals the adapter worked around by itself (an SQS DeleteMessageBatch entry deleted again with DeleteMessage).",
+		}, []string{OpLabel, ReasonLabel}),
 		now: time.Now,
+	}
+	for _, op := range []broker.SettleOp{broker.SettleAck, broker.SettleRetry, broker.SettleDeadLetter, broker.SettleExtend} {
+		for _, r := range broker.SettleReasons {
+			m.settleFailures.WithLabelValues(string(op), r) // export zeros, so increase() sees the first failure
+		}
 	}
 	for _, o := range []string{OutcomeAck, OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled} {
 		m.messages.WithLabelValues(o) // export zeros, so rate() works from the first delivery
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{BrokerLabel: brokerName}, reg)
-	for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchDuration, m.messages, m.handlerSeconds, m.latency} {
+	for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchDuration, m.messages, m.handlerSeconds, m.latency, m.settleFailures} {
 		if err := wrapped.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}
@@ -177,6 +190,30 @@ func (m *Metrics) ObserveOutcome(msg *broker.Message, outcome string, handlerDur
 		lat = 0
 	}
 	m.latency.Observe(lat.Seconds())
+}
+
+// ObserveSettleFailure counts one settlement the broker did not take in
+// ferry_worker_settle_failures_total, by f.Op and f.Reason (an empty
+// reason is counted as broker.SettleReason(f.Err)). It fits
+// worker.Config.OnSettleFailure:
+//
+//	OnSettleFailure: m.ObserveSettleFailure
+func (m *Metrics) ObserveSettleFailure(f broker.SettleFailure) {
+	if m == nil {
+		return
+	}
+	reason := f.Reason
+	if reason == "" {
+		reason = broker.SettleReason(f.Err)
+	}
+	if reason == "" {
+		reason = broker.ReasonOther
+	}
+	op := string(f.Op)
+	if op == "" {
+		op = "unknown"
+	}
+	m.settleFailures.WithLabelValues(op, reason).Inc()
 }
 
 // StatsFunc reports the outbox backlog: unprocessed rows and the age of the

@@ -202,3 +202,34 @@ func TestOutboxCollectorQueriesAtScrape(t *testing.T) {
 	require.NotContains(t, fams, metrics.OutboxOldestAgeSeconds)
 	require.Contains(t, fams, metrics.RelayPublishedTotal)
 }
+
+// TestSettleFailuresCounted: ObserveSettleFailure counts by op and
+// reason, served with the broker label; every op and reason is exported
+// at 0 from the start, so increase() sees the first failure.
+func TestSettleFailuresCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg, "rabbitmq")
+	require.NoError(t, err)
+	srv := httptest.NewServer(metrics.Handler(reg))
+	defer srv.Close()
+	m.ObserveSettleFailure(broker.SettleFailure{Op: broker.SettleAck, Err: broker.ErrClosed})
+	m.ObserveSettleFailure(broker.SettleFailure{Op: broker.SettleAck, Reason: broker.ReasonClosed})
+	m.ObserveSettleFailure(broker.SettleFailure{Op: broker.SettleRetry, Err: context.DeadlineExceeded})
+	f := scrape(t, srv)[metrics.WorkerSettleFailures]
+	require.NotNil(t, f)
+	got := map[string]float64{}
+	for _, s := range f.GetMetric() {
+		l := map[string]string{}
+		for _, p := range s.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		require.Equal(t, "rabbitmq", l[metrics.BrokerLabel])
+		got[l[metrics.OpLabel]+"/"+l[metrics.ReasonLabel]] = s.GetCounter().GetValue()
+	}
+	require.Len(t, got, 4*len(broker.SettleReasons))
+	require.Equal(t, 2.0, got["ack/closed"])
+	require.Equal(t, 1.0, got["retry/timeout"])
+	require.Equal(t, 0.0, got["dead_letter/expired"])
+	var nilM *metrics.Metrics
+	nilM.ObserveSettleFailure(broker.SettleFailure{Op: broker.SettleAck}) // no panic
+}

@@ -26,9 +26,13 @@
 //	worker_attempts(consumer TEXT, message_id TEXT, attempts INT,
 //	       last_error TEXT, dead BOOLEAN, first_failed_at TIMESTAMPTZ,
 //	       updated_at TIMESTAMPTZ, PRIMARY KEY (consumer, message_id))
+//	ferry_periodic(name TEXT PRIMARY KEY, last_tick TIMESTAMPTZ,
+//	       updated_at TIMESTAMPTZ)
 //
 // processed_messages is the deduplication table of package worker, and
 // worker_attempts its record of failed attempts (worker.AttemptsTable).
+// ferry_periodic holds the latest tick each periodic job enqueued
+// (package ferry, "Periodic jobs").
 // Event.AppID travels as the header broker.HeaderAppID.
 //
 // # Destinations
@@ -120,9 +124,20 @@
 //     ferry_outbox_parked_rows, and can be made due at once (RetryParked,
 //     `ferry outbox retry`) or deleted (DropParked, `ferry outbox drop`).
 //     Enqueue refuses first, with ErrInvalidEvent, what no ferry broker can
-//     carry (see Event).
+//     carry (see Event). A row whose message made the broker refuse a
+//     whole call (an SQS HTTP 400 for a SendMessageBatch, a Kafka record
+//     batch refused as MESSAGE_TOO_LARGE, a RabbitMQ channel closed with
+//     PRECONDITION_FAILED) is parked the same way: the adapter sends the
+//     call's messages apart to find it (broker.SendSplitting), and the
+//     other rows of the batch are published in that same batch.
+//   - The rows the broker confirmed are marked published even when others
+//     of their batch failed (a *broker.PublishError lists only the
+//     unconfirmed ones: an SQS batch of 25 rows is three calls, of which
+//     one may fail), also when the broker was closed meanwhile, so they
+//     are never published again.
 //   - When the broker as a whole fails (unreachable, connection lost, a
-//     publish that times out after RelayConfig.PublishTimeout) the rows get
+//     server error or throttling, a publish that times out after
+//     RelayConfig.PublishTimeout) the rows get
 //     no attempt and no backoff of their own: they keep attempts and their
 //     place, and last_error says "broker unavailable (<broker name>): ..."
 //     (a parked row keeps the reason of its own failure), and ReadStats
@@ -143,6 +158,11 @@
 //     store a request it had already received; on SQS the SDK's own
 //     retries of a call that failed after reaching the server may add one
 //     per retry; consumers deduplicate).
+//   - Marking a row processed clears its last_error (NULL), whether an
+//     outage or a failure of its own wrote it: last_error is the reason a
+//     row is not sent yet, never history, so a sent row never reads as
+//     failing. attempts keeps the number of failed publications of its
+//     own.
 //   - Rows are claimed by id, not by a high-water mark, so a row whose id
 //     is lower than an already published one (its transaction committed
 //     later) is still found.

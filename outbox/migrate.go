@@ -27,10 +27,11 @@ var migrationFiles embed.FS
 // Migrate brings the outbox schema up to date on the database of pool: the
 // outbox table with its partial indexes of the unprocessed rows (WHERE
 // processed_at IS NULL, per destination), the outbox_unique table of
-// Event.UniqueKey, and the processed_messages and worker_attempts tables
-// the workers deduplicate and count attempts with (see the package
-// documentation, "Schema"). The SQL is embedded in the binary; the applied versions
-// are recorded in MigrationsTable. Running it again is a no-op, and
+// Event.UniqueKey, the processed_messages table the workers deduplicate
+// with, and the other tables of the package doc's "Schema"
+// (worker_attempts, ferry_periodic). The SQL is embedded in the binary;
+// the applied versions are recorded in MigrationsTable. Running it again
+// is a no-op, and
 // concurrent calls from several processes are serialised by an advisory
 // lock. Errors wrap ErrMigrate.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {

@@ -195,3 +195,56 @@ func TestRelayLongOutageIsOneOutage(t *testing.T) {
 		require.GreaterOrEqual(t, counts[id], 1, id)
 	}
 }
+
+// TestRelayClearsLastErrorOnPublish (issue 16, item 7): a row that waited
+// out an outage carries last_error "broker unavailable ..."; once it is
+// published that reason is gone (NULL), so nothing reads a sent row as
+// failing. The outage is real but private to this test: a relay whose
+// publish timeout (1 µs) no broker meets, so RabbitMQ is not stopped.
+// A parked row that is then published loses its reason too and keeps its
+// attempts.
+func TestRelayClearsLastErrorOnPublish(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	ids := enqueue(t, rg.pool, events(3, "test.outage")...)
+	down := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, PublishTimeout: time.Microsecond, Retention: -1})
+	n, err := down.ProcessBatch(ctx)
+	require.Error(t, err)
+	require.Zero(t, n)
+	var withReason int
+	var lastErr string
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*), max(last_error) FROM outbox WHERE id = ANY($1) AND last_error IS NOT NULL AND attempts = 0`, ids).
+		Scan(&withReason, &lastErr))
+	require.Equal(t, len(ids), withReason, "the outage wrote its reason")
+	require.Contains(t, lastErr, "broker unavailable (rabbitmq)")
+
+	// A parked row: as a publication of its own that failed before.
+	_, err = rg.pool.Exec(ctx, `UPDATE outbox SET attempts = 2, last_error = 'rabbitmq: nacked' WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+
+	up := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Retention: -1})
+	n, err = up.ProcessBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(ids), n)
+	rows, err := rg.pool.Query(ctx, `SELECT id, processed_at IS NOT NULL, last_error, attempts FROM outbox WHERE id = ANY($1) ORDER BY id`, ids)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var sent bool
+		var le *string
+		var attempts int
+		require.NoError(t, rows.Scan(&id, &sent, &le, &attempts))
+		require.True(t, sent, "row %d published", id)
+		require.Nil(t, le, "row %d: a sent row keeps no last_error", id)
+		if id == ids[0] {
+			require.Equal(t, 2, attempts, "attempts stays as history")
+		}
+	}
+	require.NoError(t, rows.Err())
+	st, err := outbox.ReadStats(ctx, rg.pool)
+	require.NoError(t, err)
+	require.Zero(t, st.Parked)
+	require.Zero(t, st.Unprocessed)
+}

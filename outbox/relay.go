@@ -908,7 +908,9 @@ ORDER BY c.id`, keyLockClass, keySlots-1)
 // markSQL marks the confirmed rows: processed_at is the time Publish
 // returned (the broker's last confirm of the batch), as the transaction's
 // start (now(), the claim) plus $2 microseconds measured by the relay.
-const markSQL = `UPDATE outbox SET processed_at = now() + $2::bigint * interval '1 microsecond' WHERE id = ANY($1::bigint[])`
+// last_error is cleared: a sent row is not failing, whatever an outage or
+// an earlier failure of its own wrote there (attempts keeps the count).
+const markSQL = `UPDATE outbox SET processed_at = now() + $2::bigint * interval '1 microsecond', last_error = NULL WHERE id = ANY($1::bigint[])`
 
 // outageSQL records why rows could not be published during an outage,
 // without counting an attempt or delaying them; a parked row (attempts >
@@ -1029,10 +1031,15 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	cancel()
 	mstart := time.Now()
 	res.publishDur = mstart.Sub(pstart)
-	if errors.Is(perr, broker.ErrClosed) {
+	var partial *broker.PublishError
+	if errors.Is(perr, broker.ErrClosed) && !errors.As(perr, &partial) {
 		res.err, res.fatal = perr, true
 		return res
 	}
+	// A *broker.PublishError from a broker closed meanwhile still lists
+	// only the messages it did not confirm: the others are marked below
+	// (never sent again) before the relay stops.
+	closedMeanwhile := errors.Is(perr, broker.ErrClosed)
 	if r.cfg.AfterPublish != nil {
 		if err := r.cfg.AfterPublish(ctx, ids); err != nil {
 			res.err = fmt.Errorf("outbox: relay: after publish: %w", err)
@@ -1104,6 +1111,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 			res.err = fmt.Errorf("outbox: relay: publish: %w", perr)
 		}
 		res.outage = len(downIDs) > 0
+		res.fatal = closedMeanwhile
 		if len(failIDs) > 0 {
 			r.log.Warn("outbox: relay: messages refused by the broker or its adapter, parking them with backoff",
 				"broker", r.brokerName, "failed", len(failIDs), "first_id", failIDs[0], "err", failErrs[0])

@@ -587,3 +587,91 @@ func waitListening(t testing.TB, pool *pgxpool.Pool) {
 	}, 10*time.Second, 20*time.Millisecond, "the relay never LISTENed")
 	time.Sleep(100 * time.Millisecond)
 }
+
+// TestRelayPoisonRefusingTheCall (issue 16, item 1): one row whose message
+// RabbitMQ refuses by closing the publishing channel (a "CC" header that is
+// not an array: PRECONDITION_FAILED), among 30 good rows of one batch.
+// Today's refusal took every unconfirmed message of the channel along and
+// read as an outage; now the batch's good rows are published in that same
+// batch, and only the poison row is parked with RabbitMQ's reason and an
+// attempt counted.
+func TestRelayPoisonRefusingTheCall(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	var stats []outbox.BatchStats
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour,
+		OnBatch: func(s outbox.BatchStats) { stats = append(stats, s) }})
+	// The baseline: 30 good rows alone.
+	enqueue(t, rg.pool, events(30, "test.good")...)
+	n, err := r.ProcessBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 30, n)
+	baseline := stats[0].PublishDuration
+	stats = nil
+
+	evs := events(31, "test.good")
+	evs[12].Headers = map[string]string{"CC": "not-an-array"}
+	ids := enqueue(t, rg.pool, evs...)
+	bad := ids[12]
+	n, err = r.ProcessBatch(ctx)
+	require.Equal(t, 30, n, "the good rows are published in the same batch: %v", err)
+	var pe *broker.PublishError
+	require.ErrorAs(t, err, &pe)
+	require.Len(t, pe.Failed, 1)
+	require.Equal(t, strconv.FormatInt(bad, 10), pe.Failed[0].ID)
+	require.True(t, broker.IsMessageFault(err), "a refusal caused by the message is not an outage")
+	require.Len(t, stats, 1)
+	t.Logf("batch of 31 with one poison: published %d, publish took %v (30 good rows alone: %v)", stats[0].Published, stats[0].PublishDuration, baseline)
+
+	var attempts int
+	var lastErr string
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT attempts, last_error FROM outbox WHERE id = $1 AND processed_at IS NULL`, bad).
+		Scan(&attempts, &lastErr))
+	require.Equal(t, 1, attempts)
+	require.Contains(t, lastErr, "PRECONDITION_FAILED")
+	require.Equal(t, 1, unprocessed(t, rg.pool))
+
+	counts, _ := collect(t, rg.b, rg.queue, 60, 500*time.Millisecond)
+	require.Len(t, counts, 60)
+	require.Zero(t, counts[strconv.FormatInt(bad, 10)])
+	dups := 0
+	for _, c := range counts {
+		dups += c - 1
+	}
+	t.Logf("60 good rows delivered, %d duplicate deliveries (confirms RabbitMQ dropped with the closed channel)", dups)
+}
+
+// closingMidBatch publishes the first half of each batch through the real
+// broker and then reports the rest failed with broker.ErrClosed, as an
+// adapter closed between two of its calls does.
+type closingMidBatch struct{ broker.Broker }
+
+func (c closingMidBatch) Publish(ctx context.Context, msgs []*broker.Message) error {
+	half := len(msgs) / 2
+	if err := c.Broker.Publish(ctx, msgs[:half]); err != nil {
+		return err
+	}
+	pe := &broker.PublishError{}
+	for i := half; i < len(msgs); i++ {
+		pe.Failed = append(pe.Failed, broker.FailedMessage{Index: i, ID: msgs[i].ID, Err: broker.ErrClosed})
+	}
+	return pe
+}
+
+// TestRelayMarksWhatAClosingBrokerConfirmed (issue 16, item 2): a broker
+// closed in the middle of a Publish that already had part of the batch
+// confirmed: the relay stops (the broker is closed) but first marks the
+// confirmed rows published, so they are not sent again by the next relay.
+func TestRelayMarksWhatAClosingBrokerConfirmed(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	enqueue(t, rg.pool, events(10, "test.good")...)
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: closingMidBatch{rg.b}})
+	n, err := r.ProcessBatch(ctx)
+	require.ErrorIs(t, err, broker.ErrClosed)
+	require.Equal(t, 5, n, "the five confirmed rows are marked published")
+	require.Equal(t, 5, unprocessed(t, rg.pool))
+	require.Error(t, r.Run(ctx), "Run stops on a closed broker")
+}

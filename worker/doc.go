@@ -19,6 +19,10 @@
 //     commit together with the dedup row, or not at all.
 //  3. commits, and only then acks the delivery.
 //
+// With Config.SQLHandler instead of Handler the same transaction is a
+// database/sql one (pgx's stdlib driver over Config.Pool), handed to the
+// handler as a *sql.Tx; steps 1 to 3 are the same.
+//
 // Two consumers of one event (different Consumer names, each with its own
 // queue bound to the event type) each handle it once. Step 1 also reads
 // the message's attempt record (see "Attempts and lost settlements").
@@ -97,17 +101,33 @@
 //     handler again (OutcomeUnsettled, then OutcomeDead).
 //   - Ack fails after the commit: the dedup row is committed, so the
 //     redelivery is acked as OutcomeDuplicate; the outcome of the attempt
-//     stays OutcomeAck, since its work was done.
+//     is OutcomeUnsettled, not OutcomeAck: outcomes count only
+//     settlements the broker took.
 //
 // A handler that always fails therefore reaches the DLQ after the
 // policy's last attempt even when every Retry is lost. The record is
 // deleted in the transaction of the attempt that succeeds and once the
 // DLQ holds the message, so a replay from the DLQ starts again at attempt
 // 1. When writing the record fails (database down) the worker logs it and
-// the count falls back on the broker's. A settlement the broker refused
-// is logged at WARN with the broker's reason (for RabbitMQ the channel's
-// close reason, e.g. the consumer-timeout PRECONDITION_FAILED) and what
-// happens next.
+// the count falls back on the broker's.
+//
+// # Settle failures
+//
+// Every Ack, Retry, DeadLetter or Extend the broker did not take is logged
+// once at WARN ("worker: ack failed", "worker: retry failed", ...) with
+// the op, the message ID, the broker's error (for RabbitMQ the channel's
+// close reason, e.g. the consumer-timeout PRECONDITION_FAILED), a bounded
+// reason (broker.SettleReason: closed, connection, timeout, canceled,
+// expired, not_found, throttled, refused, already_settled, other) and
+// what happens next, and passed to Config.OnSettleFailure (ferry's CLI
+// counts it in ferry_worker_settle_failures_total{op,reason}). A refusal
+// the adapter worked around by itself, invisible in the method's result
+// (SQS: a DeleteMessageBatch entry refused and deleted again with
+// DeleteMessage), reaches the same log and hook through the
+// broker.SettleObserver the worker puts in every settlement's ctx
+// (broker.WithSettleObserver), logged as "worker: ack refused by the
+// broker, worked around by the adapter" with SettleFailure.Recovered set;
+// its outcome is the one the broker finally took.
 //
 // # External side effects
 //
@@ -171,6 +191,42 @@
 // commits. BatchSize is at most 64, PostgreSQL's per-transaction cache of
 // subtransaction IDs. Config.Prefetch defaults to Concurrency × BatchSize
 // so every goroutine can fill its batch.
+//
+// # Settings that must agree with the broker
+//
+// Some of the worker's settings only work within limits the broker sets
+// on its side, and a contradiction used to show only when a message was
+// lost to it. Run reads the broker's limits for the queue after Declare
+// (broker.LimitReporter, implemented by the SQS, NATS and RabbitMQ
+// adapters) and refuses to start with an error wrapping ErrInvalidConfig
+// that names both settings and a value that works (CheckLimits):
+//
+//   - the policy's attempts (BackoffPolicy.MaxAttempts, --max-attempts)
+//     must be below the broker's delivery limit, the deliveries after
+//     which it gives up on a message by itself: SQS
+//     sqs.Config.MaxReceiveCount (the queue's RedrivePolicy), a JetStream
+//     consumer's MaxDeliver set by an operator, a RabbitMQ policy's
+//     delivery-limit on a quorum queue (read with
+//     rabbitmq.Config.ManagementURL);
+//   - AckDeadline at most the broker's longest ack deadline (SQS 12 h);
+//   - HandlerTimeout (--handler-timeout), when set, below the broker's
+//     settle limit (RabbitMQ consumer_timeout, rabbitmq.Config.ConsumerTimeout;
+//     SQS 12 h after a receive); the ack deadline itself is kept from
+//     expiring under a running handler by Delivery.Extend every
+//     AckDeadline/3, so it needs no such bound;
+//   - the policy's delays added up over its attempts (--retry-delay,
+//     --max-attempts) below the broker's retention of a message retried in
+//     place (SQS MessageRetentionPeriod, 14 days; the delays are also each
+//     checked against broker.Capabilities.MaxDelay, 12 h on SQS).
+//
+// Kafka has none of these: kafka-go heartbeats from a goroutine of its own
+// and has no max.poll.interval.ms, so a long handler never costs its
+// partitions, and retry topics keep a record at least 4 × its delay
+// (its Config.SessionTimeout is checked against the broker's range by
+// Subscribe). A RabbitMQ policy's delivery-limit cannot be read over AMQP:
+// without rabbitmq.Config.ManagementURL it is not checked, and what it
+// drops reaches the DLQ through the work queue's dead-letter exchange
+// (package rabbitmq).
 //
 // # Concurrency and shutdown
 //

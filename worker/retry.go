@@ -32,6 +32,16 @@ type DelayLister interface {
 	RetryDelays() []time.Duration
 }
 
+// AttemptLimiter is implemented by policies that give up after a fixed
+// number of attempts. The worker checks that number against the broker's
+// delivery limit at start (broker.Limits.DeliveryLimit). BackoffPolicy
+// implements it.
+type AttemptLimiter interface {
+	// AttemptLimit returns the number of attempts, the first included,
+	// after which the policy sends a message to the DLQ.
+	AttemptLimit() int
+}
+
 // DefaultMaxAttempts is the number of attempts (the first delivery
 // included) when BackoffPolicy.MaxAttempts is 0.
 const DefaultMaxAttempts = 5
@@ -75,6 +85,10 @@ func (p BackoffPolicy) RetryDelays() []time.Duration {
 	}
 	return p.Delays
 }
+
+// AttemptLimit implements AttemptLimiter: MaxAttempts, or
+// DefaultMaxAttempts when 0.
+func (p BackoffPolicy) AttemptLimit() int { return p.maxAttempts() }
 
 func (p BackoffPolicy) maxAttempts() int {
 	if p.MaxAttempts == 0 {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -58,14 +59,18 @@ const (
 	// OutcomeDuplicate: the consumer had already processed the message ID;
 	// the delivery was acked without calling the handler.
 	OutcomeDuplicate
-	// OutcomeUnsettled: the attempt failed and the worker asked for a retry
-	// or the DLQ, but the broker did not take the settlement (Retry or
-	// DeadLetter returned an error: channel closed, connection lost,
-	// deadline passed). The failed attempt is in AttemptsTable; the broker
-	// redelivers the message, and the worker handles the redelivery as the
-	// next attempt, or dead-letters it at once when the DLQ was decided
-	// (package doc, "Attempts and lost settlements"). Neither "retry" nor
-	// "dead" is counted for such an attempt.
+	// OutcomeUnsettled: the broker did not take the settlement the worker
+	// asked for (Ack, Retry or DeadLetter returned an error: channel
+	// closed, connection lost, receipt expired, deadline passed); the
+	// failure is logged and passed to Config.OnSettleFailure. For a failed
+	// Ack the transaction had committed: the broker redelivers the message
+	// and the worker acks the redelivery as a duplicate. For a failed
+	// Retry or DeadLetter the failed attempt is in AttemptsTable; the
+	// broker redelivers the message, and the worker handles the redelivery
+	// as the next attempt, or dead-letters it at once when the DLQ was
+	// decided (package doc, "Attempts and lost settlements"). Neither
+	// "ack", "duplicate", "retry" nor "dead" is counted for such a
+	// delivery: outcomes count only what the broker took.
 	OutcomeUnsettled
 )
 
@@ -223,8 +228,14 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Broker delivers the messages. Required.
 	Broker broker.Broker
-	// Handler handles each message. Required.
+	// Handler handles each message. Required, unless SQLHandler is set
+	// instead.
 	Handler Handler
+	// SQLHandler, set instead of Handler, handles each message in a
+	// database/sql transaction (pgx's stdlib driver over Pool) holding the
+	// dedup row: for services written on database/sql. Not with BatchSize
+	// > 1.
+	SQLHandler SQLHandler
 	// Topology, when its Exchange is set, is declared by Run before
 	// subscribing (broker.Broker.Declare is idempotent), must contain Queue,
 	// is checked against the broker's Capabilities, and gives the default
@@ -276,6 +287,15 @@ type Config struct {
 	// while a handler runs, the worker calls Delivery.Extend every
 	// AckDeadline/3. Defaults to DefaultAckDeadline (30 s).
 	AckDeadline time.Duration
+	// HandlerTimeout bounds each call of Handler: its ctx is cancelled
+	// that long after the call began, and the handler's error (a context
+	// error, or what the handler made of it) is an ordinary failed
+	// attempt. It must be shorter than the broker's
+	// broker.Limits.SettleTimeout (RabbitMQ consumer_timeout, SQS 12 h
+	// per receive), which Run checks. Defaults to 0: no bound (the
+	// handler's own timeouts, e.g. the sample app's SMTP timeouts, are
+	// then all there is).
+	HandlerTimeout time.Duration
 	// Policy decides retries after ordinary handler errors. Defaults to
 	// BackoffPolicy{} (5 attempts) with the Topology queue's RetryDelays as
 	// Delays when Topology is set, else 30 s.
@@ -291,15 +311,26 @@ type Config struct {
 	// FailureFunc.
 	OnFailure FailureFunc
 	// OnOutcome, when set, is called after each delivery was settled (or
-	// its settlement failed, which is logged: OutcomeUnsettled for a failed
-	// Retry or DeadLetter, OutcomeAck for an Ack lost after the commit),
-	// with the outcome (msg.Attempt as the handler saw it) and the
+	// its settlement failed, which is logged and reported to
+	// OnSettleFailure: OutcomeUnsettled for a failed Ack, Retry or
+	// DeadLetter), with the outcome (msg.Attempt as the handler saw it) and the
 	// time spent in the transaction (dedup insert, handler and commit; with
 	// BatchSize > 1 the whole batch's transaction, the same for each of its
 	// messages). It
 	// is called concurrently from the handling goroutines and must be fast;
 	// the ops helper records Prometheus metrics here.
 	OnOutcome func(msg *broker.Message, outcome Outcome, handlerDuration time.Duration)
+	// OnSettleFailure, when set, is called once for each settlement
+	// (Ack, Retry, DeadLetter, Extend) the broker did not take: those the
+	// Delivery method returned an error for, and those the adapter worked
+	// around by itself and reported (broker.ReportSettleFailure, e.g. an
+	// SQS DeleteMessageBatch entry deleted again with DeleteMessage;
+	// f.Recovered is then true). f.Reason is a bounded classification
+	// (broker.SettleReason). The worker logs each one at WARN with the
+	// broker's error and what happens next, whether or not this is set. It
+	// is called concurrently from the handling goroutines and must be
+	// fast; the ops helper counts ferry_worker_settle_failures_total here.
+	OnSettleFailure func(f broker.SettleFailure)
 }
 
 // Worker consumes one queue and runs the handler once per message ID and
@@ -311,6 +342,7 @@ type Worker struct {
 	caps    broker.Capabilities
 	log     *slog.Logger
 	running atomic.Bool
+	sqlDB   *sql.DB // during Run, with Config.SQLHandler
 }
 
 // New validates cfg, applies the defaults and checks the configuration
@@ -332,8 +364,12 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.Pool: required")
 	case cfg.Broker == nil:
 		return nil, bad("Config.Broker: required")
-	case cfg.Handler == nil:
-		return nil, bad("Config.Handler: required")
+	case cfg.Handler == nil && cfg.SQLHandler == nil:
+		return nil, bad("Config.Handler: required (or Config.SQLHandler)")
+	case cfg.Handler != nil && cfg.SQLHandler != nil:
+		return nil, bad("Config.Handler and Config.SQLHandler: set one")
+	case cfg.SQLHandler != nil && cfg.BatchSize > 1:
+		return nil, bad("Config.BatchSize %d: batches need Config.Handler (a pgx.Tx), not Config.SQLHandler", cfg.BatchSize)
 	case cfg.Concurrency < 0:
 		return nil, bad("Config.Concurrency %d: must not be negative", cfg.Concurrency)
 	case cfg.Prefetch < 0:
@@ -346,6 +382,8 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.AckDeadline %v: must not be negative", cfg.AckDeadline)
 	case cfg.ShutdownTimeout < 0:
 		return nil, bad("Config.ShutdownTimeout %v: must not be negative", cfg.ShutdownTimeout)
+	case cfg.HandlerTimeout < 0:
+		return nil, bad("Config.HandlerTimeout %v: must not be negative", cfg.HandlerTimeout)
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
@@ -429,7 +467,10 @@ func New(cfg Config) (*Worker, error) {
 // cancelled. It returns an error when
 // Declare or Subscribe fail with ctx still alive, or when the broker is
 // closed under it (wrapping broker.ErrClosed); ErrAlreadyRunning when
-// another Run of this Worker is active.
+// another Run of this Worker is active. Before subscribing it reads the
+// broker's limits for the queue (broker.LimitReporter) and returns an
+// error wrapping ErrInvalidConfig, naming both settings and a value that
+// works, when the worker's settings contradict them (see CheckLimits).
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -445,6 +486,12 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("worker: declare topology: %w", err)
 		}
+	}
+	if err := w.checkBrokerLimits(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	sub, err := w.cfg.Broker.Subscribe(ctx, w.cfg.Queue, broker.SubscribeOptions{
 		Prefetch:    w.cfg.Prefetch,
@@ -474,6 +521,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		stopLoops()
 	}
 
+	if w.cfg.SQLHandler != nil {
+		w.sqlDB = w.openSQL()
+		defer w.sqlDB.Close()
+	}
 	w.log.Info("worker: started", "concurrency", w.cfg.Concurrency, "prefetch", w.cfg.Prefetch, "batch_size", w.cfg.BatchSize, "broker", w.caps.Name)
 	var wg sync.WaitGroup
 	for range w.cfg.Concurrency {
@@ -603,6 +654,9 @@ type processResult struct {
 // and the commit in one transaction. A message whose record says "dead"
 // is not handled: the transaction is rolled back and res.rec.dead is set.
 func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processResult) {
+	if w.cfg.SQLHandler != nil {
+		return w.processSQL(ctx, msg)
+	}
 	res.msg = msg
 	tx, inserted, began, err := w.beginDedup(ctx, msg.ID, &res.rec)
 	if err != nil {
@@ -713,6 +767,11 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msg *broker.Message
 			w.log.Error("worker: handler panicked", "message_id", msg.ID, "attempt", msg.Attempt, "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
+	if w.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+		defer cancel()
+	}
 	return w.cfg.Handler(ctx, tx, msg)
 }
 
@@ -725,15 +784,57 @@ func (w *Worker) rollback(ctx context.Context, tx pgx.Tx) {
 }
 
 func (w *Worker) ack(ctx context.Context, d broker.Delivery, msg *broker.Message, o Outcome, dur time.Duration) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	sctx, cancel := w.settleContext(ctx, msg)
 	defer cancel()
 	if err := d.Ack(sctx); err != nil {
-		// The transaction committed: the redelivery will be a duplicate and
-		// absorbed by the dedup row.
-		w.log.Warn("worker: ack after commit failed; the redelivery will be dropped as a duplicate",
-			"message_id", msg.ID, "outcome", o.String(), "err", err)
+		// The transaction committed (or the message was a duplicate): the
+		// redelivery will be absorbed by the dedup row.
+		next := "the broker will redeliver it and the worker will ack the redelivery as a duplicate (the transaction committed)"
+		if o == OutcomeDuplicate {
+			next = "the broker will redeliver it and the worker will ack the redelivery as a duplicate"
+		}
+		w.settleFailed(broker.SettleFailure{Op: broker.SettleAck, MessageID: msg.ID, Err: err, Next: next}, msg.Attempt)
+		w.outcome(msg, OutcomeUnsettled, dur)
+		return
 	}
 	w.outcome(msg, o, dur)
+}
+
+// settleContext returns the context of one settlement of msg: ctx's
+// values without its cancellation, bounded by settleTimeout, carrying the
+// SettleObserver through which the adapter reports what it worked around.
+func (w *Worker) settleContext(ctx context.Context, msg *broker.Message) (context.Context, context.CancelFunc) {
+	sctx := broker.WithSettleObserver(context.WithoutCancel(ctx), func(f broker.SettleFailure) {
+		if f.MessageID == "" {
+			f.MessageID = msg.ID
+		}
+		w.settleFailed(f, msg.Attempt)
+	})
+	return context.WithTimeout(sctx, settleTimeout)
+}
+
+// settleFailed logs a settlement the broker did not take, once, with the
+// broker's error, its classification and what happens next, and passes it
+// to Config.OnSettleFailure.
+func (w *Worker) settleFailed(f broker.SettleFailure, attempt int) {
+	if f.Reason == "" {
+		f.Reason = broker.SettleReason(f.Err)
+	}
+	msg := "worker: " + string(f.Op) + " failed"
+	if f.Recovered {
+		msg = "worker: " + string(f.Op) + " refused by the broker, worked around by the adapter"
+	}
+	w.log.Warn(msg, "op", string(f.Op), "message_id", f.MessageID, "attempt", attempt,
+		"reason", f.Reason, "err", f.Err, "next", f.Next, "broker", w.caps.Name)
+	if w.cfg.OnSettleFailure == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("worker: OnSettleFailure panicked", "panic", r)
+		}
+	}()
+	w.cfg.OnSettleFailure(f)
 }
 
 // failure is a failed attempt: the decision between retry and DLQ, and
@@ -786,7 +887,7 @@ func (w *Worker) fail(ctx context.Context, msg *broker.Message, herr error, dead
 // as f decided. When the broker refuses the settlement the outcome is
 // OutcomeUnsettled and the attempt record decides what the redelivery is.
 func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, f *failure, dur time.Duration) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	sctx, cancel := w.settleContext(ctx, msg)
 	defer cancel()
 	if w.cfg.OnFailure != nil {
 		if err := w.onFailure(sctx, msg, f.err, f.dead); err != nil {
@@ -800,7 +901,7 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 			if !f.recorded {
 				then = "the broker will redeliver it"
 			}
-			w.log.Warn("worker: dead-letter not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+			w.settleFailed(broker.SettleFailure{Op: broker.SettleDeadLetter, MessageID: msg.ID, Err: err, Next: then}, msg.Attempt)
 			w.outcome(msg, OutcomeUnsettled, dur)
 			return
 		}
@@ -816,7 +917,7 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 		if !f.recorded {
 			then = "the broker will redeliver it"
 		}
-		w.log.Warn("worker: retry not settled: "+then, "message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		w.settleFailed(broker.SettleFailure{Op: broker.SettleRetry, MessageID: msg.ID, Err: err, Next: then}, msg.Attempt)
 		w.outcome(msg, OutcomeUnsettled, dur)
 		return
 	}
@@ -827,13 +928,13 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 // by an earlier attempt, whose DeadLetter the broker did not take; the
 // handler does not run again. msg.Attempt is that last attempt.
 func (w *Worker) deadAgain(ctx context.Context, d broker.Delivery, msg *broker.Message, rec attemptRecord, dur time.Duration) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	sctx, cancel := w.settleContext(ctx, msg)
 	defer cancel()
 	w.log.Warn("worker: redelivery of a message already bound for the DLQ; dead-lettering it without running the handler",
 		"message_id", msg.ID, "type", msg.Type, "attempt", msg.Attempt, "reason", rec.lastError)
 	if err := d.DeadLetter(sctx, rec.lastError); err != nil {
-		w.log.Warn("worker: dead-letter not settled: the broker will redeliver it and the worker will try again",
-			"message_id", msg.ID, "attempt", msg.Attempt, "err", err)
+		w.settleFailed(broker.SettleFailure{Op: broker.SettleDeadLetter, MessageID: msg.ID, Err: err,
+			Next: "the broker will redeliver it and the worker will dead-letter it again"}, msg.Attempt)
 		w.outcome(msg, OutcomeUnsettled, dur)
 		return
 	}
@@ -915,11 +1016,15 @@ func (w *Worker) startExtender(d broker.Delivery) *extender {
 		if e.stopped {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		msg := d.Message()
+		ctx, cancel := w.settleContext(context.Background(), msg)
+		ctx, cancel2 := context.WithTimeout(ctx, every)
 		err := d.Extend(ctx)
+		cancel2()
 		cancel()
 		if err != nil {
-			w.log.Warn("worker: extend ack deadline", "message_id", d.Message().ID, "err", err)
+			w.settleFailed(broker.SettleFailure{Op: broker.SettleExtend, MessageID: msg.ID, Err: err,
+				Next: fmt.Sprintf("the handler goes on; the worker tries again in %v, and if the ack deadline passes first the broker may redeliver the message to another consumer (the dedup row absorbs the copy once this one commits)", every)}, msg.Attempt)
 		}
 		e.t.Reset(every)
 	})

@@ -86,6 +86,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		"negative prefetch":  {func(c *worker.Config) { c.Prefetch = -1 }, "Config.Prefetch"},
 		"negative deadline":  {func(c *worker.Config) { c.AckDeadline = -time.Second }, "Config.AckDeadline"},
 		"negative shutdown":  {func(c *worker.Config) { c.ShutdownTimeout = -time.Second }, "Config.ShutdownTimeout"},
+		"negative htimeout":  {func(c *worker.Config) { c.HandlerTimeout = -time.Second }, "Config.HandlerTimeout"},
 		"negative batch":     {func(c *worker.Config) { c.BatchSize = -1 }, "Config.BatchSize"},
 		"batch too large":    {func(c *worker.Config) { c.BatchSize = worker.MaxBatchSize + 1 }, "Config.BatchSize"},
 		"negative linger":    {func(c *worker.Config) { c.BatchLinger = -time.Millisecond }, "Config.BatchLinger"},

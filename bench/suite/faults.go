@@ -119,7 +119,9 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 
 // connect opens the broker and declares tp, retrying every half second
 // while the broker cannot be reached (a child started while its broker
-// restarts waits for it, as ferry relay and ferry worker do).
+// restarts waits for it, as ferry relay and ferry worker do). What waiting
+// cannot cure (broker.IsPermanent: a refused Config or login, a topology
+// the broker refuses) is returned at once.
 func connect(ctx context.Context, cfg ChildConfig, tp broker.Topology) (broker.Broker, error) {
 	for attempt := 1; ; attempt++ {
 		br, err := cfg.Open(ctx)
@@ -128,9 +130,9 @@ func connect(ctx context.Context, cfg ChildConfig, tp broker.Topology) (broker.B
 				return br, nil
 			}
 			_ = br.Close()
-			if errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) {
-				return nil, err
-			}
+		}
+		if broker.IsPermanent(err) {
+			return nil, err
 		}
 		if attempt == 1 {
 			cfg.Logger.Warn("bench: broker not reachable; retrying", "error", err)

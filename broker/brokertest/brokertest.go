@@ -17,7 +17,10 @@
 // The suite checks the contract written in package broker's doc comments:
 // idempotent Declare, confirmed Publish with per-message failures
 // (ErrUnroutable, ErrMessageTooLarge, and every refusal of a message's
-// names, lengths or characters a message fault, broker.IsMessageFault),
+// names, lengths or characters a message fault, broker.IsMessageFault;
+// a message the broker refuses with the whole call carrying it fails
+// alone, the others of the batch confirmed: PoisonAmongGood, skipped,
+// saying so, when the harness has no Poison),
 // per-key order of SubscribeOptions.Ordered, context deadlines, prefetch, retry to
 // the failing queue only, the DLQ (List, Replay, Purge, Where, also from a broker
 // that did not declare the queue, and ErrUnknownQueue without creating
@@ -87,6 +90,20 @@ type Harness struct {
 	// failure here fails the test.
 	RemoveTopology func(ctx context.Context, t *testing.T, topo broker.Topology) error
 
+	// Poison, when set, returns a message with the given ID and Type that
+	// passes the adapter's own checks but that the broker refuses together
+	// with the whole call carrying it, without saying which message is at
+	// fault (SQS on ElasticMQ: a body holding U+FFFF, HTTP 400 for the whole
+	// SendMessageBatch; RabbitMQ: a "CC" header that is not an array,
+	// PRECONDITION_FAILED closing the channel; Kafka: a record over the
+	// topic's max.message.bytes, which the harness lowers, refusing the
+	// partition's whole record batch). It is called after tp is declared
+	// on b. The PoisonAmongGood subtest publishes it among good messages in
+	// one Publish; a harness without it (a broker without whole-call
+	// refusals, such as NATS, where each message is its own publish) skips
+	// that subtest, saying so.
+	Poison func(ctx context.Context, t *testing.T, b broker.Broker, tp broker.Topology, id, typ string) *broker.Message
+
 	// OutageDuration is how long the outage test keeps the server stopped.
 	// Defaults to 2s.
 	OutageDuration time.Duration
@@ -130,6 +147,7 @@ func RunConformance(t *testing.T, h Harness) {
 			{"Unroutable", s.testUnroutable},
 			{"TooLarge", s.testTooLarge},
 			{"InvalidMessageIsMessageFault", s.testInvalidMessage},
+			{"PoisonAmongGood", s.testPoisonAmongGood},
 			{"OrderedSubscription", s.testOrderedSubscription},
 			{"ContextDeadline", s.testContextDeadline},
 			{"Prefetch", s.testPrefetch},
@@ -560,6 +578,75 @@ func (s *suite) testInvalidMessage(t *testing.T) {
 	}
 	t.Logf("%s accepted %d of %d messages; refused: %v", b.Capabilities().Name, len(accepted), len(batch), err)
 	require.ElementsMatch(t, accepted, receiveIDs(t, sub, len(accepted)))
+}
+
+// testPoisonAmongGood (issue 16): one message the broker refuses with the
+// whole call that carries it (Harness.Poison), published in one batch with
+// 40 good ones: only the poison message fails, with an error
+// broker.IsMessageFault recognises (the relay parks it with its reason
+// instead of taking the broker for down), and each good message is
+// confirmed and delivered (duplicates are counted and printed: a broker
+// that drops the pending confirms with the refused call makes Publish
+// send those messages again).
+func (s *suite) testPoisonAmongGood(t *testing.T) {
+	if s.h.Poison == nil {
+		t.Skip("brokertest: the harness has no Poison: this broker has no call refused as a whole for one of its messages")
+	}
+	tp := s.topo(t, q("a", "evt.#"))
+	b := s.declared(t, tp)
+	ctx := ctxFor(t, 60*time.Second)
+	sub := subscribe(t, b, tp.Queues[0].Name, 50)
+	const n, bad = 41, 23
+	batch := make([]*broker.Message, n)
+	for i := range batch {
+		batch[i] = msg(fmt.Sprintf("good-%02d", i), "evt.ok")
+	}
+	batch[bad] = s.h.Poison(ctx, t, b, tp, "poison", "evt.ok")
+	start := time.Now()
+	err := b.Publish(ctx, batch)
+	took := time.Since(start)
+	t.Logf("%s: Publish of %d messages with one poison took %v: %v", b.Capabilities().Name, n, took.Round(time.Millisecond), err)
+	var pe *broker.PublishError
+	require.ErrorAs(t, err, &pe, "the poison message fails in a *broker.PublishError")
+	failed := broker.FailedIndexes(err, n)
+	require.Len(t, failed, 1, "only the poison message fails: %v", err)
+	require.Contains(t, failed, bad)
+	require.True(t, broker.IsMessageFault(failed[bad]), "the poison message's refusal is a message fault, not an outage: %v", failed[bad])
+	// Every good message arrives. Some may arrive twice: a broker that
+	// drops the pending confirms with the refused call (RabbitMQ closes
+	// the channel) leaves Publish unsure about the messages before the
+	// poison one, and it sends them again; consumers deduplicate.
+	got := map[string]int{}
+	for i := 0; i < n-1; {
+		d := receive(t, sub, arrive)
+		id := d.Message().ID
+		require.NoError(t, d.Ack(ctxFor(t, 10*time.Second)))
+		if got[id] == 0 {
+			i++
+		}
+		got[id]++
+	}
+	for {
+		rctx, cancel := context.WithTimeout(context.Background(), quiet)
+		d, err := sub.Receive(rctx)
+		cancel()
+		if err != nil {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			break
+		}
+		got[d.Message().ID]++
+		require.NoError(t, d.Ack(ctxFor(t, 10*time.Second)))
+	}
+	dups := 0
+	for i, m := range batch {
+		if i == bad {
+			require.Zero(t, got[m.ID], "the poison message is not delivered")
+			continue
+		}
+		require.GreaterOrEqual(t, got[m.ID], 1, "good message %s delivered", m.ID)
+		dups += got[m.ID] - 1
+	}
+	t.Logf("%s: %d good messages delivered, %d duplicate deliveries", b.Capabilities().Name, n-1, dups)
 }
 
 // testOrderedSubscription: with SubscribeOptions.Ordered and several

@@ -4,8 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ferrymq/ferry/broker"
 )
 
 // Config configures the Kafka adapter. The zero value of every field means
@@ -30,8 +34,11 @@ type Config struct {
 	// DialTimeout bounds a TCP connection to a broker. Defaults to 5s.
 	DialTimeout time.Duration
 	// SessionTimeout is the consumer group session timeout: a worker that
-	// sends no heartbeat for that long loses its partitions. Defaults to
-	// 10s; the broker accepts 6s to 300s (group.min/max.session.timeout.ms).
+	// sends no heartbeat for that long loses its partitions; it is also
+	// the group's rebalance timeout. Defaults to 10s. The broker accepts
+	// group.min.session.timeout.ms to group.max.session.timeout.ms (6 s to
+	// 30 min by default); Subscribe refuses a value outside that range
+	// with broker.ErrUnsupported, naming both.
 	SessionTimeout time.Duration
 	// ClientID names the connections in the broker's logs and quotas.
 	// Defaults to "ferry".
@@ -86,27 +93,57 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate checks c with the defaults applied, as New does before it
+// connects: every bootstrap address must be host:port with a port
+// 1..65535, the counts and durations in range. It needs no server. The
+// error is a *broker.ConfigError naming the field (several joined with
+// errors.Join when several fields are wrong), wrapping
+// broker.ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 func (c Config) validate() error {
+	bad := func(field, value, format string, args ...any) error {
+		return &broker.ConfigError{Adapter: "kafka", Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
+	}
 	var errs []error
-	if c.Partitions < 1 {
-		errs = append(errs, fmt.Errorf("kafka: Config.Partitions %d: want at least 1", c.Partitions))
-	}
-	if c.ReplicationFactor < 0 {
-		errs = append(errs, fmt.Errorf("kafka: Config.ReplicationFactor %d: want 0 (broker default) or more", c.ReplicationFactor))
-	}
-	if c.PublishTimeout < 0 {
-		errs = append(errs, fmt.Errorf("kafka: Config.PublishTimeout %v: must not be negative", c.PublishTimeout))
-	}
-	if c.DialTimeout < 0 {
-		errs = append(errs, fmt.Errorf("kafka: Config.DialTimeout %v: must not be negative", c.DialTimeout))
-	}
-	if c.SessionTimeout < 0 {
-		errs = append(errs, fmt.Errorf("kafka: Config.SessionTimeout %v: must not be negative", c.SessionTimeout))
-	}
 	for _, b := range c.Brokers {
-		if !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("kafka: Config.Brokers %q: want host:port", b))
+		if reason := checkAddr(b); reason != "" {
+			errs = append(errs, bad("Brokers", b, "%s", reason))
 		}
 	}
+	if c.Partitions < 1 {
+		errs = append(errs, bad("Partitions", "", "%d: want at least 1", c.Partitions))
+	}
+	if c.ReplicationFactor < 0 {
+		errs = append(errs, bad("ReplicationFactor", "", "%d: want 0 (broker default) or more", c.ReplicationFactor))
+	}
+	if c.PublishTimeout < 0 {
+		errs = append(errs, bad("PublishTimeout", "", "%v: must not be negative", c.PublishTimeout))
+	}
+	if c.DialTimeout < 0 {
+		errs = append(errs, bad("DialTimeout", "", "%v: must not be negative", c.DialTimeout))
+	}
+	if c.SessionTimeout < 0 {
+		errs = append(errs, bad("SessionTimeout", "", "%v: must not be negative", c.SessionTimeout))
+	}
 	return errors.Join(errs...)
+}
+
+// checkAddr returns what is wrong with one bootstrap address, or "".
+func checkAddr(addr string) string {
+	const want = "want host:port, e.g. 127.0.0.1:9092"
+	if strings.Contains(addr, "://") {
+		return "a URL; " + want + " (no scheme)"
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return want
+	}
+	if host == "" {
+		return "no host; " + want
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Sprintf("port %q: want 1..65535", port)
+	}
+	return ""
 }

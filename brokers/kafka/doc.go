@@ -80,12 +80,27 @@
 // timed out or whose connection broke is not. Retry, DeadLetter, the retry
 // forwarder and the DLQ's Replay and Purge write the same way.
 //
-// Messages the adapter refuses itself (too
-// large, malformed, unroutable) and records the broker refuses one by one
-// (MESSAGE_TOO_LARGE, INVALID_RECORD) are entries of a
-// *broker.PublishError whose errors broker.IsMessageFault recognises
-// (ErrMessageTooLarge, ErrInvalidMessage, ErrUnroutable); any other failure (a broker outage, ctx's
-// deadline) is a plain error for the whole batch. A Publish never outlives
+// Messages the adapter refuses itself (too large, malformed,
+// unroutable) are entries of a *broker.PublishError whose errors
+// broker.IsMessageFault recognises (ErrMessageTooLarge, ErrInvalidMessage,
+// ErrUnroutable), and are not written.
+//
+// Kafka answers each produce request per partition, refusing or
+// accepting a partition's whole record batch (Kafka protocol guide,
+// "Error Codes" and ProduceResponse). A refusal for what the batch
+// carries is the messages' fault: MESSAGE_TOO_LARGE (10, e.g. a record
+// over the topic's max.message.bytes) and RECORD_LIST_TOO_LARGE (18) as
+// ErrMessageTooLarge; CORRUPT_MESSAGE (2), INVALID_MESSAGE_SIZE (4),
+// INVALID_TOPIC_EXCEPTION (17), INVALID_TIMESTAMP (32),
+// UNSUPPORTED_FOR_MESSAGE_FORMAT (43), POLICY_VIOLATION (44) and
+// INVALID_RECORD (87) as ErrInvalidMessage. Those records are written
+// again in halves (broker.SendSplitting) until the record at fault fails
+// alone; the others are written. Any other error (NOT_LEADER_OR_FOLLOWER,
+// REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, throttling, authorisation, a
+// network error, ctx's deadline) is an outage for the records it covers.
+// The records of the partitions Kafka accepted are not listed and never
+// written again; when one error failed the whole write (the broker is
+// down) Publish returns it as a plain error. A Publish never outlives
 // its ctx (Config.PublishTimeout, 30 s, when ctx has no deadline).
 // Capabilities.MaxMessageBytes is the broker's message.max.bytes less
 // 4 KiB kept for the adapter's own headers, so a message that was accepted
@@ -166,6 +181,27 @@
 // committed offsets on the work topic to the first offset at or after
 // TIME (ListOffsets by timestamp, then OffsetCommit). Kafka accepts such a
 // commit only for an empty group: stop the queue's workers first.
+//
+// # Retention
+//
+// Kafka deletes records by the topic's retention.ms (the broker's
+// log.retention.hours, 7 days by default, for the work topics ferry
+// creates), read or not: a group that falls that far behind loses the
+// records it did not read, and no DLQ sees them. ferry cannot route them
+// anywhere, so it warns before: the adapter reports each queue's consumer
+// lag (records after the group's committed offsets, on the work topic and
+// the queue's retry topics, whose records a stopped worker does not read
+// either), the age of the oldest unread record and its topic's
+// retention.ms (broker.Backlog), as
+// ferry_queue_messages, ferry_queue_oldest_message_age_seconds and
+// ferry_queue_retention_seconds; the Prometheus rule FerryQueueNearRetention
+// fires when the oldest unread record is past half the retention. No
+// setting of the worker must agree with Kafka's (see package worker):
+// heartbeats run independently of handlers and kafka-go has no
+// max.poll.interval.ms. The adapter's own Config.SessionTimeout (also the
+// rebalance timeout) must lie within the broker's
+// group.min.session.timeout.ms and group.max.session.timeout.ms, else
+// every join would be refused: Subscribe checks it and refuses to start.
 //
 // # Capabilities
 //

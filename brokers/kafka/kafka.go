@@ -84,9 +84,11 @@ var _ broker.HistoryReplayer = (*kafkaBroker)(nil)
 
 // New connects to the Kafka cluster of cfg.Brokers and reads the broker
 // settings the adapter depends on (message.max.bytes,
-// default.replication.factor). It returns an error when cfg is invalid or
-// no broker answers before ctx ends (or within Config.DialTimeout×2 when
-// ctx has no deadline).
+// default.replication.factor). It returns an error wrapping
+// broker.ErrInvalidConfig, before connecting, when Config.Validate refuses
+// cfg, and an error when no broker answers before ctx ends (or within
+// Config.DialTimeout×2 when ctx has no deadline). The adapter speaks
+// PLAINTEXT only, so no server refuses it for its credentials.
 func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {

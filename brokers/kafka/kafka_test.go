@@ -91,7 +91,39 @@ func TestConformance(t *testing.T) {
 		RemoveTopology: func(ctx context.Context, _ *testing.T, topo broker.Topology) error {
 			return removeTopology(ctx, topo)
 		},
+		Poison: func(ctx context.Context, t *testing.T, _ broker.Broker, tp broker.Topology, id, typ string) *broker.Message {
+			lowerMaxMessageBytes(ctx, t, kafka.TopicName(tp.Exchange), 4096)
+			return &broker.Message{ID: id, Type: typ, Key: "poison", Body: make([]byte, 8192)}
+		},
 	})
+}
+
+// lowerMaxMessageBytes sets the topic's max.message.bytes, so that a
+// record larger than that, which the adapter's own check (the broker's
+// message.max.bytes) lets through, makes Kafka refuse its partition's
+// whole record batch with MESSAGE_TOO_LARGE.
+func lowerMaxMessageBytes(ctx context.Context, t *testing.T, topic string, n int) {
+	t.Helper()
+	c := &kafkago.Client{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Timeout: 10 * time.Second}
+	res, err := c.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
+		Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{Name: "max.message.bytes", Value: fmt.Sprint(n), ConfigOperation: kafkago.ConfigOperationSet}},
+	}}})
+	require.NoError(t, err)
+	for _, r := range res.Resources {
+		require.NoError(t, r.Error)
+	}
+	// The change reaches the partition's log asynchronously (KRaft
+	// metadata): wait until the broker reports it, then a little more.
+	require.Eventually(t, func() bool {
+		d, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
+			ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"max.message.bytes"}}}})
+		if err != nil || len(d.Resources) != 1 || len(d.Resources[0].ConfigEntries) != 1 {
+			return false
+		}
+		return d.Resources[0].ConfigEntries[0].ConfigValue == fmt.Sprint(n)
+	}, 10*time.Second, 50*time.Millisecond, "topic %s reports max.message.bytes %d", topic, n)
+	time.Sleep(time.Second)
 }
 
 func TestWorkerSuite(t *testing.T) {

@@ -99,19 +99,22 @@ func (b *kafkaBroker) check(m *broker.Message) error {
 
 // Publish writes the batch to the work topic of the last declared
 // exchange (acks=all, synchronous, one produce request per partition and
-// 256 records, see produce). Messages whose
-// Type no declared queue of the exchange is bound to fail with
-// broker.ErrUnroutable, too large ones with broker.ErrMessageTooLarge,
-// malformed ones with broker.ErrInvalidMessage; all three are entries of a
-// *broker.PublishError and are not written. A record the broker refuses
-// for itself (MESSAGE_TOO_LARGE, INVALID_RECORD) is an entry too. Any other
-// failure (broker down, topic missing after a re-declare, ctx ended) is a
-// plain error: none of the batch is known to be stored. A deleted work
-// topic is declared again once and the write retried, within ctx. When
-// ctx ends (or the broker is closed) the write is abandoned: nothing of
-// the batch stays queued in the client or is sent after Publish returned;
-// a produce request already on the wire may still be stored by the
-// broker (one copy per Publish at most).
+// 256 records, see produce). Messages whose Type no declared queue of the
+// exchange is bound to fail with broker.ErrUnroutable, too large ones with
+// broker.ErrMessageTooLarge, malformed ones with broker.ErrInvalidMessage;
+// all three are entries of a *broker.PublishError and are not written.
+// Kafka answers per partition: a record batch it refuses for what it
+// carries (messageError) is written again in halves (broker.SendSplitting)
+// until the record at fault fails alone and the others are written; the
+// records of partitions that failed for another reason (leader moved,
+// timeout, broker down) fail with that error, and those of partitions
+// Kafka accepted are not listed and never written again. Only when every
+// message failed because the broker is closed does Publish return
+// broker.ErrClosed itself. A deleted work topic is declared again once and
+// the write retried, within ctx. When ctx ends (or the broker is closed)
+// the write is abandoned: nothing of the batch stays queued in the client
+// or is sent after Publish returned; a produce request already on the wire
+// may still be stored by the broker (one copy per Publish at most).
 func (b *kafkaBroker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	if b.closed.Load() {
 		return broker.ErrClosed
@@ -156,20 +159,44 @@ func (b *kafkaBroker) Publish(ctx context.Context, msgs []*broker.Message) error
 		index = append(index, i)
 	}
 	if len(recs) > 0 {
-		err := b.write(ctx, exchange, recs)
-		if err != nil {
-			per, ok := perMessage(err, len(recs))
-			if !ok {
-				if b.closed.Load() {
-					return broker.ErrClosed
-				}
-				return fmt.Errorf("kafka: publish %d message(s) to %s: %w", len(recs), exchange, err)
+		all := make([]int, len(recs))
+		for j := range all {
+			all[j] = j
+		}
+		// A record batch refused as a whole (messageError) is split up to
+		// find the record at fault; the records Kafka accepted are never
+		// written again.
+		res := broker.SendSplitting(ctx, all, func(ctx context.Context, sub []int) map[int]error {
+			part := make([]kafkago.Message, len(sub))
+			for k, j := range sub {
+				part[k] = recs[j]
 			}
-			for j, e := range per {
+			per := perRecord(b.write(ctx, exchange, part), len(part))
+			out := map[int]error{}
+			for k, e := range per {
 				if e != nil {
-					failed = append(failed, broker.FailedMessage{Index: index[j], ID: msgs[index[j]].ID, Err: e})
+					out[sub[k]] = e
 				}
 			}
+			return out
+		})
+		if one := sameErr(res, len(recs)); one != nil && len(failed) == 0 && !broker.IsMessageFault(one) {
+			// One error failed the whole write (broker down, closed, ctx):
+			// none of the batch is stored.
+			if b.closed.Load() {
+				return broker.ErrClosed
+			}
+			return fmt.Errorf("kafka: publish %d message(s) to %s: %w", len(recs), exchange, one)
+		}
+		for j, e := range res {
+			if !broker.IsMessageFault(e) {
+				if b.closed.Load() {
+					e = broker.ErrClosed
+				} else {
+					e = fmt.Errorf("kafka: publish %s to %s: %w", msgs[index[j]].ID, exchange, e)
+				}
+			}
+			failed = append(failed, broker.FailedMessage{Index: index[j], ID: msgs[index[j]].ID, Err: e})
 		}
 	}
 	if len(failed) == 0 {
@@ -177,6 +204,23 @@ func (b *kafkaBroker) Publish(ctx context.Context, msgs []*broker.Message) error
 	}
 	sort.Slice(failed, func(i, j int) bool { return failed[i].Index < failed[j].Index })
 	return &broker.PublishError{Failed: failed}
+}
+
+// sameErr returns the error every one of the n records failed with when
+// it is one and the same, or nil.
+func sameErr(res map[int]error, n int) error {
+	if len(res) != n || n == 0 {
+		return nil
+	}
+	var one error
+	for _, e := range res {
+		if one == nil {
+			one = e
+		} else if e != one {
+			return nil
+		}
+	}
+	return one
 }
 
 func routable(queues []broker.Queue, typ string) bool {
@@ -208,40 +252,66 @@ func missingTopic(err error) bool {
 	return errors.Is(err, kafkago.UnknownTopicOrPartition) || errors.Is(err, kafkago.UnknownTopicID)
 }
 
-// messageError reports whether err is a refusal of one record (not of the
-// connection or the partition) and wraps it in the matching sentinel.
+// messageError reports whether err is a refusal of the records a
+// produce request carried (not of the connection, the partition's leader
+// or the credentials) and wraps it in the matching sentinel. Kafka
+// answers a produce request per partition, so a refusal covers the
+// partition's whole record batch (Kafka protocol guide, ProduceResponse
+// error codes): MESSAGE_TOO_LARGE (10) and RECORD_LIST_TOO_LARGE (18)
+// wrap broker.ErrMessageTooLarge (as does kafka-go's client-side
+// MessageTooLargeError); CORRUPT_MESSAGE (2, kafka-go InvalidMessage),
+// INVALID_MESSAGE_SIZE (4), INVALID_TOPIC_EXCEPTION (17),
+// INVALID_TIMESTAMP (32), UNSUPPORTED_FOR_MESSAGE_FORMAT (43),
+// POLICY_VIOLATION (44) and INVALID_RECORD (87) wrap
+// broker.ErrInvalidMessage. Every other error is an outage:
+// NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, REQUEST_TIMED_OUT,
+// NOT_ENOUGH_REPLICAS(_AFTER_APPEND), KAFKA_STORAGE_ERROR,
+// THROTTLING_QUOTA_EXCEEDED, TOPIC_AUTHORIZATION_FAILED,
+// SASL_AUTHENTICATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION (after the
+// re-declare), a network error, ctx.
 func messageError(err error) (error, bool) {
 	var mtl kafkago.MessageTooLargeError
 	switch {
-	case errors.Is(err, kafkago.MessageSizeTooLarge), errors.As(err, &mtl):
+	case errors.Is(err, kafkago.MessageSizeTooLarge), errors.Is(err, kafkago.RecordListTooLarge), errors.As(err, &mtl):
 		return fmt.Errorf("%w: kafka: %v", broker.ErrMessageTooLarge, err), true
-	case errors.Is(err, kafkago.InvalidMessage), errors.Is(err, kafkago.InvalidRecord):
+	case errors.Is(err, kafkago.InvalidMessage), errors.Is(err, kafkago.InvalidMessageSize), errors.Is(err, kafkago.InvalidRecord),
+		errors.Is(err, kafkago.InvalidTopic), errors.Is(err, kafkago.InvalidTimestamp),
+		errors.Is(err, kafkago.UnsupportedForMessageFormat), errors.Is(err, kafkago.PolicyViolation):
 		return fmt.Errorf("%w: kafka: %v", broker.ErrInvalidMessage, err), true
-	case errors.Is(err, kafkago.InvalidTimestamp):
-		return fmt.Errorf("%w: kafka: %v", broker.ErrNacked, err), true
 	}
 	return nil, false
 }
 
-// perMessage splits a produce error into per-record errors when
-// every failure is the refusal of one record; ok is false when any
-// failure is not (a broker outage, a missing topic, ctx): that is a plain
-// error for the whole batch.
-func perMessage(err error, n int) ([]error, bool) {
+// perRecord splits the error of one write (produce) of n records into
+// per-record errors (nil: the record was written). A record refused for
+// what the request carried (messageError) gets a
+// *broker.RefusedCallError: Kafka refuses its partition's whole record
+// batch and does not say which record is at fault. A WriteErrors entry of
+// another kind, or an error for the whole write that is not a
+// WriteErrors, is an outage for the records it covers.
+func perRecord(err error, n int) []error {
+	out := make([]error, n)
+	if err == nil {
+		return out
+	}
 	var we kafkago.WriteErrors
 	if !errors.As(err, &we) || len(we) != n {
-		return nil, false
+		if me, ok := messageError(err); ok {
+			err = broker.RefusedCall(me)
+		}
+		for i := range out {
+			out[i] = err
+		}
+		return out
 	}
-	out := make([]error, n)
 	for i, e := range we {
 		if e == nil {
 			continue
 		}
-		me, ok := messageError(e)
-		if !ok {
-			return nil, false
+		if me, ok := messageError(e); ok {
+			e = broker.RefusedCall(me)
 		}
-		out[i] = me
+		out[i] = e
 	}
-	return out, true
+	return out
 }

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -117,7 +118,17 @@ func TestRelayTopicDeletedAndBrokerDown(t *testing.T) {
 	c := &kafkago.Client{Addr: kafkago.TCP(testenv.KafkaBrokers()...), Timeout: 10 * time.Second}
 	_, err := c.DeleteTopics(ctxFor(t, 10*time.Second), &kafkago.DeleteTopicsRequest{Topics: []string{kafka.TopicName(tp.Exchange)}})
 	require.NoError(t, err)
-	time.Sleep(time.Second)
+	// Kafka deletes a topic asynchronously and keeps accepting writes to it
+	// until the deletion completes; what is written then is deleted with it
+	// (an operator's deletion loses what the topic holds). So the rows are
+	// enqueued only once the topic is gone from the metadata, or after 20 s;
+	// the adapter may declare it again right after, which is what is tested.
+	gone := false
+	for deadline := time.Now().Add(20 * time.Second); !gone && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		md, err := c.Metadata(ctxFor(t, 5*time.Second), &kafkago.MetadataRequest{Topics: []string{kafka.TopicName(tp.Exchange)}})
+		gone = err == nil && (len(md.Topics) == 0 || errors.Is(md.Topics[0].Error, kafkago.UnknownTopicOrPartition))
+	}
+	t.Logf("work topic seen deleted: %v", gone)
 	enqueueN(t, pool, "a", 10)
 	require.Eventually(t, func() bool { return unprocessed(t, pool) == 0 }, 30*time.Second, 50*time.Millisecond,
 		"rows published after the topic was declared again")

@@ -20,6 +20,10 @@ import (
 // rebalance gave to another member: that member reads the message again.
 var errRevoked = errors.New("kafka: the partition of this delivery was assigned to another consumer by a rebalance; it will be delivered again")
 
+// errRevokedSettle is errRevoked as a settlement returns it, classified
+// for broker.SettleReason: the delivery's lease ended.
+var errRevokedSettle = broker.SettleFault(broker.ReasonExpired, errRevoked)
+
 // Subscribe joins the consumer group of queue (group ID = queue name) on
 // the exchange's work topic and the queue's retry topics. Work-topic
 // partitions feed Receive; retry-topic partitions are forwarded back to
@@ -40,6 +44,9 @@ func (b *kafkaBroker) Subscribe(ctx context.Context, queue string, opts broker.S
 	}
 	if opts.Prefetch <= 0 {
 		opts.Prefetch = broker.DefaultPrefetch
+	}
+	if err := b.checkSessionTimeout(ctx); err != nil {
+		return nil, err
 	}
 	topics := append([]string{qi.topic}, qi.retryTopics...)
 	group, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
@@ -776,7 +783,7 @@ func (s *subscription) settled(d *delivery) error {
 		go s.shutdown()
 	}
 	if revoked {
-		return errRevoked
+		return errRevokedSettle
 	}
 	return nil
 }
@@ -974,7 +981,7 @@ func (d *delivery) Extend(ctx context.Context) error {
 		return broker.ErrAlreadyAcked
 	}
 	if d.ps.revoked {
-		return errRevoked
+		return errRevokedSettle
 	}
 	return nil
 }

@@ -3,7 +3,12 @@ package nats
 import (
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/ferrymq/ferry/broker"
 )
 
 // Config configures the NATS JetStream adapter. The zero value of every
@@ -103,31 +108,77 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate checks c with the defaults applied, as New does before it
+// connects: every URL of the comma list must be nats://, tls://, ws:// or
+// wss:// (or a bare host:port, which nats.go reads as nats://) with a host
+// and, when given, a port 1..65535; the durations and counts must be in
+// range. It needs no server. The error is a *broker.ConfigError naming the
+// field, wrapping broker.ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 func (c Config) validate() error {
+	bad := func(field, value, format string, args ...any) error {
+		return &broker.ConfigError{Adapter: "nats", Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
+	}
+	for _, raw := range strings.Split(c.URL, ",") {
+		if reason := checkURL(strings.TrimSpace(raw)); reason != "" {
+			return bad("URL", redact(strings.TrimSpace(raw)), "%s", reason)
+		}
+	}
 	switch {
 	case c.DuplicateWindow < 0:
-		return fmt.Errorf("nats: config: DuplicateWindow %v: must not be negative", c.DuplicateWindow)
+		return bad("DuplicateWindow", "", "%v: must not be negative", c.DuplicateWindow)
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("nats: config: PublishTimeout %v: must not be negative", c.PublishTimeout)
+		return bad("PublishTimeout", "", "%v: must not be negative", c.PublishTimeout)
 	case c.SettleTimeout < 0:
-		return fmt.Errorf("nats: config: SettleTimeout %v: must not be negative", c.SettleTimeout)
+		return bad("SettleTimeout", "", "%v: must not be negative", c.SettleTimeout)
 	case c.ReconnectWait < 0:
-		return fmt.Errorf("nats: config: ReconnectWait %v: must not be negative", c.ReconnectWait)
+		return bad("ReconnectWait", "", "%v: must not be negative", c.ReconnectWait)
 	case c.Replicas < 0 || c.Replicas > 5:
-		return fmt.Errorf("nats: config: Replicas %d: want 1 to 5", c.Replicas)
+		return bad("Replicas", "", "%d: want 1 to 5", c.Replicas)
 	case c.MaxAckPending < 0:
-		return fmt.Errorf("nats: config: MaxAckPending %d: must not be negative", c.MaxAckPending)
+		return bad("MaxAckPending", "", "%d: must not be negative", c.MaxAckPending)
 	case c.MinRetryDelay < 0:
-		return fmt.Errorf("nats: config: MinRetryDelay %v: must not be negative", c.MinRetryDelay)
+		return bad("MinRetryDelay", "", "%v: must not be negative", c.MinRetryDelay)
 	case c.PullWait < 0:
-		return fmt.Errorf("nats: config: PullWait %v: must not be negative", c.PullWait)
+		return bad("PullWait", "", "%v: must not be negative", c.PullWait)
 	case c.PullWait > 0 && c.PullWait < 100*time.Millisecond:
-		return fmt.Errorf("nats: config: PullWait %v: must be at least 100ms", c.PullWait)
+		return bad("PullWait", "", "%v: must be at least 100ms", c.PullWait)
 	}
 	if c.LookupExchange != "" {
 		if err := validName("exchange", c.LookupExchange); err != nil {
-			return fmt.Errorf("nats: config: LookupExchange: %w", err)
+			return bad("LookupExchange", c.LookupExchange, "%v", err)
 		}
 	}
 	return nil
+}
+
+// urlSchemes are the schemes nats.go connects with.
+var urlSchemes = map[string]bool{"nats": true, "tls": true, "ws": true, "wss": true}
+
+// checkURL returns what is wrong with one server URL, or "".
+func checkURL(raw string) string {
+	const want = "want nats://[user:password@]host[:port] (or tls://, ws://, wss://)"
+	if raw == "" {
+		return "empty server URL in the list; " + want
+	}
+	if !strings.Contains(raw, "://") {
+		raw = "nats://" + raw // as nats.go reads it
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Sprintf("%v; %s", err, want)
+	}
+	if !urlSchemes[u.Scheme] {
+		return fmt.Sprintf("unknown scheme %q; %s", u.Scheme, want)
+	}
+	if u.Hostname() == "" {
+		return "no host; " + want
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("port %q: want 1..65535", p)
+		}
+	}
+	return ""
 }

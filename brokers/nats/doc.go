@@ -17,6 +17,25 @@
 // broker.ErrUnsupported. Dead letters live in a second stream
 // <stream>-dlq (limits retention) on subject <stream>-dlq.<queue>.
 //
+// # Limits
+//
+// ferry declares the exchange's stream with interest retention and no
+// MaxAge, MaxMsgs or MaxBytes, and Declare resets those on every start
+// (CreateOrUpdateStream), so no limit of the stream deletes a message
+// that a queue's consumer has not acknowledged (the stream's DiscardOld
+// applies only to the stream's own limits; a full account or server
+// refuses new publishes, which the relay retries). The consumer is created with
+// MaxDeliver -1, but Declare keeps an existing consumer's MaxDeliver: an
+// operator's `nats consumer edit --max-deliver N` makes JetStream stop
+// delivering a message after N deliveries (every retry's Nak counts),
+// leaving it unacknowledged in the stream and in no DLQ. Limits reports
+// it, and a worker whose attempts are not below it refuses to start
+// (package worker, "Settings that must agree with the broker"); the
+// stream's MaxAge, when an operator set one since the last Declare, is
+// reported as the retention the retry delays must stay under.
+// ferry_queue_messages and ferry_queue_oldest_message_age_seconds show
+// the backlog of each queue's consumer.
+//
 // # Delivery semantics
 //
 // Delivery is at least once. Publish sends the batch asynchronously and
@@ -29,6 +48,23 @@
 // discards a message no consumer is interested in without an error,
 // Publish checks the Type against the declared bindings itself and
 // reports broker.ErrUnroutable.
+//
+// Each message is its own publish with its own PubAck, so the outcome is
+// per message: a message whose PubAck came is confirmed and never listed
+// in the *broker.PublishError, whatever happened to the others, and no
+// call is ever refused as a whole. A message the server refuses with a
+// JetStream API error (nats-server server/errors.json) about the message
+// (status 400: a header expectation that fails, such as a wrong expected
+// stream or last sequence, an invalid TTL or schedule header) wraps
+// broker.ErrNacked, one over the stream's maximum message size (10054)
+// broker.ErrMessageTooLarge. An API error about the server's or the
+// stream's state is an outage, not the message's fault: status 5xx or
+// 429, JetStream not enabled (10039, 10076), temporarily unavailable
+// (10008, 10006), insufficient or exceeded resources (10023, 10047), the
+// store failing, which includes a stream full under an operator's
+// DiscardNew limit ("maximum messages exceeded", 503, 10077). So are no
+// responders (the stream is declared again, see below), a lost
+// connection and ctx.
 //
 // While the connection is down (reconnecting), Publish, DeadLetter and DLQ
 // replay wait for it to come back, until their ctx ends, instead of

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -93,7 +94,10 @@ type queueInfo struct {
 
 // New connects to the NATS server at cfg.URL and returns a Broker on its
 // JetStream. ctx bounds the connection attempt. It returns an error when
-// the server is unreachable or has JetStream disabled. The connection
+// the server is unreachable or has JetStream disabled; an error wrapping
+// broker.ErrInvalidConfig, before connecting, for a Config that Validate
+// refuses; and one wrapping broker.ErrRefused, with the server's words,
+// when the server refuses the credentials (Authorization Violation). The connection
 // reconnects forever after a loss; Declare's topology is declared again
 // after every reconnect.
 func New(ctx context.Context, cfg Config) (broker.Broker, error) {
@@ -120,9 +124,11 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < dial {
 		dial = max(time.Until(dl), 10*time.Millisecond)
 	}
+	dialer := &recordingDialer{d: net.Dialer{Timeout: dial}}
 	nc, err := natsgo.Connect(cfg.URL,
 		natsgo.Name(cfg.Name),
 		natsgo.Timeout(dial),
+		natsgo.SetCustomDialer(dialer),
 		natsgo.MaxReconnects(-1),
 		natsgo.ReconnectWait(cfg.ReconnectWait),
 		natsgo.ReconnectJitter(50*time.Millisecond, 100*time.Millisecond),
@@ -142,6 +148,13 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		}),
 	)
 	if err != nil {
+		if authRefusal(err) {
+			return nil, fmt.Errorf("nats: connect %s: %w: %w", redact(cfg.URL), broker.ErrRefused, err)
+		}
+		if last := dialer.last(); last != nil && errors.Is(err, natsgo.ErrNoServers) {
+			// nats.go says only "no servers available": add why.
+			return nil, fmt.Errorf("nats: connect %s: %w (last dial error: %v)", redact(cfg.URL), err, last)
+		}
 		return nil, fmt.Errorf("nats: connect %s: %w", redact(cfg.URL), err)
 	}
 	js, err := jetstream.New(nc,
@@ -183,6 +196,44 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		CountsRedeliveries: true,
 	}
 	return b, nil
+}
+
+// recordingDialer dials TCP like nats.go's own dialer and keeps the last
+// dial error, which nats.go's Connect reports only as ErrNoServers.
+type recordingDialer struct {
+	d       net.Dialer
+	mu      sync.Mutex
+	lastErr error
+}
+
+// Dial implements natsgo.CustomDialer.
+func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := r.d.Dial(network, address)
+	if err != nil {
+		r.mu.Lock()
+		r.lastErr = err
+		r.mu.Unlock()
+	}
+	return c, err
+}
+
+func (r *recordingDialer) last() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+// authRefusal reports whether err, from natsgo.Connect, is the server
+// refusing the credentials (-ERR 'Authorization Violation' and the
+// expired or revoked authentication errors): connecting again with the
+// same credentials fails the same way.
+func authRefusal(err error) bool {
+	for _, target := range []error{natsgo.ErrAuthorization, natsgo.ErrAuthExpired, natsgo.ErrAuthRevoked, natsgo.ErrAccountAuthExpired} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 // redact drops user information from a URL list for error messages.
@@ -621,4 +672,82 @@ func (b *natsBroker) removeSub(s *subscription) {
 	b.mu.Lock()
 	delete(b.subs, s)
 	b.mu.Unlock()
+}
+
+var _ broker.LimitReporter = (*natsBroker)(nil)
+
+// Limits implements broker.LimitReporter: it reads the queue's consumer
+// and its exchange's stream from the server. DeliveryLimit is the
+// consumer's MaxDeliver (ferry creates it with -1, no limit, and Declare
+// does not change it on an existing consumer, so an operator's
+// `nats consumer edit --max-deliver` stays in force: JetStream then stops
+// delivering a message after that many deliveries, every Nak of a retry
+// included, and it stays in the stream unacknowledged). Retention is the
+// stream's MaxAge (none as ferry declares it). Returns
+// broker.ErrUnknownQueue for a queue not declared on this broker,
+// broker.ErrClosed after Close.
+func (b *natsBroker) Limits(ctx context.Context, queue string) (broker.Limits, error) {
+	d, qi, err := b.declaredQueue(queue)
+	if err != nil {
+		return broker.Limits{}, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	var l broker.Limits
+	cons, err := b.js.Consumer(ctx, d.names.stream, qi.consumer)
+	if err != nil {
+		return l, fmt.Errorf("nats: limits of %s: consumer %s on stream %s: %w", queue, qi.consumer, d.names.stream, err)
+	}
+	if md := cons.CachedInfo().Config.MaxDeliver; md > 0 {
+		l.DeliveryLimit = md
+		l.DeliveryLimitSetting = fmt.Sprintf("the MaxDeliver of JetStream consumer %q on stream %q", qi.consumer, d.names.stream)
+	}
+	st, err := b.js.Stream(ctx, d.names.stream)
+	if err != nil {
+		return l, fmt.Errorf("nats: limits of %s: stream %s: %w", queue, d.names.stream, err)
+	}
+	if age := st.CachedInfo().Config.MaxAge; age > 0 {
+		l.Retention = age
+		l.RetentionSetting = fmt.Sprintf("the MaxAge of JetStream stream %q", d.names.stream)
+	}
+	return l, nil
+}
+
+var _ broker.BacklogReporter = (*natsBroker)(nil)
+
+// Backlog implements broker.BacklogReporter: the queue's consumer's
+// pending and unacknowledged messages (a retry waiting for its delay is
+// one), the age of the first unacknowledged message on the consumer's
+// filter subjects (one stream message lookup per filter), and the
+// stream's MaxAge as the retention (0 as ferry declares it: JetStream
+// keeps a message until every queue bound to it acknowledged it).
+func (b *natsBroker) Backlog(ctx context.Context, queue string) (broker.Backlog, error) {
+	var bl broker.Backlog
+	d, qi, err := b.declaredQueue(queue)
+	if err != nil {
+		return bl, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	cons, err := b.js.Consumer(ctx, d.names.stream, qi.consumer)
+	if err != nil {
+		return bl, fmt.Errorf("nats: backlog of %s: consumer %s on stream %s: %w", queue, qi.consumer, d.names.stream, err)
+	}
+	info := cons.CachedInfo()
+	bl.Messages = int64(info.NumPending) + int64(info.NumAckPending)
+	st, err := b.js.Stream(ctx, d.names.stream)
+	if err != nil {
+		return bl, fmt.Errorf("nats: backlog of %s: stream %s: %w", queue, d.names.stream, err)
+	}
+	bl.Retention = st.CachedInfo().Config.MaxAge
+	if bl.Messages > 0 {
+		now := time.Now()
+		for _, f := range consumerFilters(info.Config) {
+			m, err := st.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(f))
+			if err == nil && !m.Time.IsZero() {
+				bl.OldestAge = max(bl.OldestAge, now.Sub(m.Time))
+			}
+		}
+	}
+	return bl, nil
 }

@@ -26,10 +26,14 @@ import (
 // drop it silently), an oversized message wraps broker.ErrMessageTooLarge,
 // an invalid ID, Type (not usable as NATS subject words), Key or header
 // wraps broker.ErrInvalidMessage and names the field, a message the server
-// refuses wraps broker.ErrNacked;
-// other errors (no stream answered, connection lost, ctx done) mean the
-// broker, not the message, failed. A publish confirmed as a duplicate
-// counts as confirmed.
+// refuses with a JetStream API error about the message wraps
+// broker.ErrNacked; other errors (no stream answered, connection lost, ctx
+// done, an API error about the stream's or the server's state such as a
+// full stream under DiscardNew, see apiOutage) mean the broker, not the
+// message, failed. A publish confirmed as a duplicate counts as
+// confirmed. Each message is its own publish with its own PubAck, so no
+// call is refused as a whole, and the messages whose PubAck came are
+// confirmed and never listed, whatever happened to the others.
 func (b *natsBroker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	start := time.Now()
 	err := b.publishBatch(ctx, msgs)
@@ -338,10 +342,34 @@ func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 		return fmt.Errorf("%w: nats: publish %s: %v", broker.ErrMessageTooLarge, m.ID, err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
 		return fmt.Errorf("nats: publish %s: %w (stream missing or JetStream not ready): %w", m.ID, errNoStream, err)
+	case errors.As(err, &apiErr) && apiOutage(apiErr):
+		return fmt.Errorf("nats: publish %s: JetStream refused it for its own state, not the message's: %w", m.ID, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: nats: publish %s: %v", broker.ErrNacked, m.ID, err)
 	}
 	return fmt.Errorf("nats: publish %s: %w", m.ID, err)
+}
+
+// apiOutageCodes are the JetStream API error codes (nats-server
+// server/errors.json) of a publish refused for the server's or the
+// stream's state rather than for the message: JetStream not enabled
+// (10039, 10076), the system or cluster temporarily unavailable (10008,
+// 10006), insufficient resources (10023), storage resources exceeded
+// (10047), and the store failing, which includes a stream full under
+// DiscardNew ("maximum messages exceeded", "maximum bytes exceeded",
+// 10077).
+var apiOutageCodes = map[jetstream.ErrorCode]bool{
+	10039: true, 10076: true, 10008: true, 10006: true, 10023: true, 10047: true, 10077: true,
+}
+
+// apiOutage reports whether a JetStream API error of a publish is an
+// outage: its status code is 5xx (e.g. 503 for a full stream) or 429, or
+// its error code is in apiOutageCodes. Every other API error (400:
+// wrong expected stream or last sequence, an invalid Nats-TTL or
+// schedule header, a sealed stream's refusal of the message...) is about
+// the message and wraps broker.ErrNacked.
+func apiOutage(e *jetstream.APIError) bool {
+	return e.Code >= 500 || e.Code == 429 || apiOutageCodes[e.ErrorCode]
 }
 
 // msgID is the Nats-Msg-Id of a message: its ID, followed by "@" and its

@@ -2,6 +2,7 @@ package nats
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -353,13 +354,31 @@ func (d *delivery) settle(ctx context.Context, what string, body []byte, final b
 		d.free()
 	}
 	if err != nil {
-		return fmt.Errorf("nats: %s message %s: %w", what, d.m.ID, err)
+		return settleErr(fmt.Errorf("nats: %s message %s: %w", what, d.m.ID, err))
 	}
 	if final {
 		d.done = true
 		d.s.b.untrack(d)
 	}
 	return nil
+}
+
+// settleErr classifies the error of a settlement for
+// broker.SettleReason: a connection closed, lost or reconnecting is
+// broker.ReasonConnection, a request nobody answered in time
+// broker.ReasonTimeout, and no responder for the ack subject (the consumer
+// is gone) broker.ReasonNotFound.
+func settleErr(err error) error {
+	switch {
+	case errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrDisconnected),
+		errors.Is(err, natsgo.ErrConnectionDraining), errors.Is(err, natsgo.ErrConnectionReconnecting):
+		return broker.SettleFault(broker.ReasonConnection, err)
+	case errors.Is(err, natsgo.ErrTimeout):
+		return broker.SettleFault(broker.ReasonTimeout, err)
+	case errors.Is(err, natsgo.ErrNoResponders):
+		return broker.SettleFault(broker.ReasonNotFound, err)
+	}
+	return err
 }
 
 func (d *delivery) request(ctx context.Context, body []byte) error {
@@ -393,6 +412,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 // to a Nak, and none is configured). The reason and the first failure time
 // are remembered in this broker for the redelivery (see Message).
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, reason string) error {
+	if d.s.b.isClosed() {
+		return broker.ErrClosed // not ErrAlreadyAcked: Close returned the delivery to the server
+	}
 	delay = max(delay, d.s.b.cfg.MinRetryDelay)
 	d.mu.Lock()
 	done := d.done
@@ -453,7 +475,7 @@ func (d *delivery) DeadLetter(ctx context.Context, reason string) error {
 		return fmt.Errorf("nats: dead-letter message %s to %s: %w", d.m.ID, d.s.qi.dlqSubj, err)
 	}
 	if _, err := d.s.b.js.PublishMsg(pctx, &natsgo.Msg{Subject: d.s.qi.dlqSubj, Header: h, Data: dm.Body}); err != nil {
-		return fmt.Errorf("nats: dead-letter message %s to %s: %w", d.m.ID, d.s.qi.dlqSubj, err)
+		return settleErr(fmt.Errorf("nats: dead-letter message %s to %s: %w", d.m.ID, d.s.qi.dlqSubj, err))
 	}
 	err = d.settle(ctx, "terminate", []byte("+TERM"), true)
 	if err == nil {

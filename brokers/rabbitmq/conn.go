@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -22,10 +23,15 @@ type connMgr struct {
 	conn    *amqp.Connection // nil while disconnected
 	ready   chan struct{}    // closed while conn is set
 	lastErr error
+	// connected is set once a dial succeeded; before that a refusal
+	// (refusedErr) ends the wait of New instead of being retried.
+	connected  bool
+	refused    chan struct{} // closed when refusedErr is set
+	refusedErr error
 }
 
 func newConnMgr(r *rabbit, role string) *connMgr {
-	return &connMgr{r: r, role: role, ready: make(chan struct{})}
+	return &connMgr{r: r, role: role, ready: make(chan struct{}), refused: make(chan struct{})}
 }
 
 func (m *connMgr) lastError() error {
@@ -35,7 +41,9 @@ func (m *connMgr) lastError() error {
 }
 
 // current returns the open connection, waiting for a reconnection while
-// there is none. It returns ctx's error or ErrClosed.
+// there is none. It returns ctx's error, ErrClosed, or, when the server
+// refused the first connection (see refusal), an error wrapping
+// broker.ErrRefused.
 func (m *connMgr) current(ctx context.Context) (*amqp.Connection, error) {
 	for {
 		if m.r.closed.Load() {
@@ -68,6 +76,8 @@ func (m *connMgr) current(ctx context.Context) (*amqp.Connection, error) {
 			return nil, ctx.Err()
 		case <-m.r.closing:
 			return nil, broker.ErrClosed
+		case <-m.refused:
+			return nil, fmt.Errorf("%w: %w", broker.ErrRefused, m.refusedErr)
 		}
 	}
 }
@@ -107,7 +117,7 @@ func (m *connMgr) run() {
 		conn, err := m.dial()
 		if err == nil {
 			if t := m.r.topology(); t != nil {
-				if derr := declareOn(conn, *t, m.r.cfg.QueueType); derr != nil {
+				if derr := declareOn(conn, *t, m.r.cfg.QueueType, log); derr != nil {
 					// The topology was accepted before; a refusal now is
 					// logged, and the connection used for what still works.
 					log.Error("rabbitmq: re-declare after reconnect failed", "err", derr)
@@ -117,8 +127,21 @@ func (m *connMgr) run() {
 		if err != nil {
 			m.mu.Lock()
 			m.lastErr = err
+			first := !m.connected
+			if first && refusal(err) && m.refusedErr == nil {
+				// New returns this error; nothing to wait for.
+				m.refusedErr = err
+				close(m.refused)
+			}
 			m.mu.Unlock()
-			if failures == 0 || failures%20 == 0 {
+			if first {
+				// New returns the last dial error itself, so its caller
+				// decides whether that is worth a warning; INFO shows the
+				// wait meanwhile.
+				if failures == 0 || failures%20 == 0 {
+					log.Info("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
+				}
+			} else if failures == 0 || failures%20 == 0 {
 				log.Warn("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
 			}
 			failures++
@@ -137,6 +160,7 @@ func (m *connMgr) run() {
 		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 		m.mu.Lock()
 		m.conn = conn
+		m.connected = true
 		m.lastErr = nil
 		close(m.ready)
 		m.mu.Unlock()

@@ -494,9 +494,19 @@ func (d *delivery) finish(settled bool) {
 
 func (d *delivery) ack(op string) error {
 	if err := d.cc.ch.Ack(d.d.DeliveryTag, false); err != nil {
-		return fmt.Errorf("rabbitmq: %s %s: ack: %w (the channel is gone; RabbitMQ redelivers the message)", op, d.msg.ID, d.s.r.closedErr(err))
+		return connFault(fmt.Errorf("rabbitmq: %s %s: ack: %w (the channel is gone; RabbitMQ redelivers the message)", op, d.msg.ID, d.s.r.closedErr(err)))
 	}
 	return nil
+}
+
+// connFault classifies the error of a settlement on a channel that is
+// gone as broker.ReasonConnection (broker.SettleReason), unless the
+// Broker was closed (broker.ReasonClosed).
+func connFault(err error) error {
+	if errors.Is(err, broker.ErrClosed) {
+		return err
+	}
+	return broker.SettleFault(broker.ReasonConnection, err)
 }
 
 // Ack implements broker.Delivery.
@@ -588,7 +598,7 @@ func (d *delivery) moveTo(ctx context.Context, op, queue string, h amqp.Table) e
 		// The delivery's channel is gone and RabbitMQ redelivers the
 		// message: a copy now would be a second attempt.
 		d.finish(false)
-		return fmt.Errorf("rabbitmq: %s %s: %w (the channel is gone; RabbitMQ redelivers the message)", op, d.msg.ID, r.closedErr(amqp.ErrClosed))
+		return connFault(fmt.Errorf("rabbitmq: %s %s: %w (the channel is gone; RabbitMQ redelivers the message)", op, d.msg.ID, r.closedErr(amqp.ErrClosed)))
 	}
 	ctx, cancel := r.opContext(ctx)
 	defer cancel()

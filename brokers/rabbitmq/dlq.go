@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -111,12 +112,24 @@ func (q *dlq) scan(ctx context.Context, op string, limit int, settle func(ctx co
 			break
 		}
 		m := fromAMQP(d.MessageId, d.Type, d.RoutingKey, d.Headers, d.Body)
-		msgs = append(msgs, got{d: d, dm: broker.DeadMessage{
+		dm := broker.DeadMessage{
 			Message:       m,
 			LastError:     m.Headers[broker.HeaderLastError],
 			FirstFailedAt: broker.ParseTime(m.Headers[broker.HeaderFirstFailedAt]),
 			DeadAt:        broker.ParseTime(m.Headers[broker.HeaderDeadAt]),
-		}})
+		}
+		if dm.DeadAt.IsZero() {
+			// Not dead-lettered by ferry (which sets HeaderDeadAt): dropped
+			// by RabbitMQ itself through the work queue's dead-letter
+			// exchange, with the reason in x-death.
+			if reason, at, ok := brokerDeath(d.Headers, q.q.Name); ok {
+				if dm.LastError != "" {
+					reason += "; the last failed attempt before: " + dm.LastError
+				}
+				dm.LastError, dm.DeadAt = broker.TruncateReason(reason), at
+			}
+		}
+		msgs = append(msgs, got{d: d, dm: dm})
 	}
 	// settle acks some; closing the channel (deferred, after the acks on
 	// the wire) returns the rest to their original positions.
@@ -249,4 +262,36 @@ func (q *dlq) Where(context.Context) (string, error) {
 		return "", broker.ErrClosed
 	}
 	return fmt.Sprintf("RabbitMQ queue %q", q.name), nil
+}
+
+// brokerDeath reads the x-death header RabbitMQ adds to a message it
+// dead-letters (https://www.rabbitmq.com/docs/dlx#effects) and returns,
+// for the entry of the work queue queue (the entries of its retry levels,
+// whose TTL sends messages back, are passed over), a reason naming what
+// RabbitMQ did and why, and when. ok is false when there is no such
+// entry.
+func brokerDeath(h amqp.Table, queue string) (reason string, at time.Time, ok bool) {
+	deaths, _ := h["x-death"].([]interface{})
+	for _, e := range deaths {
+		t, isTable := e.(amqp.Table)
+		if !isTable {
+			continue
+		}
+		if q, _ := t["queue"].(string); q != queue {
+			continue
+		}
+		why, _ := t["reason"].(string)
+		at, _ = t["time"].(time.Time)
+		what := map[string]string{
+			"maxlen":         "the queue was over its max-length or max-length-bytes (a policy or argument) and RabbitMQ dropped its oldest message",
+			"expired":        "the message outlived its message-ttl (a policy or argument)",
+			"delivery_limit": "the message was delivered more often than the quorum queue's delivery-limit",
+			"rejected":       "a consumer rejected the message without requeue",
+		}[why]
+		if what == "" {
+			what = "RabbitMQ dead-lettered the message"
+		}
+		return fmt.Sprintf("rabbitmq: dropped by the broker from queue %q, x-death reason %q: %s", queue, why, what), at.UTC(), true
+	}
+	return "", time.Time{}, false
 }

@@ -21,7 +21,29 @@
 // delivery mode and the mandatory flag: a message no queue is bound to is
 // returned by the server (basic.return before its basic.ack) and reported as
 // broker.ErrUnroutable for its batch index. A batch is pipelined: every
-// message is written, then every confirm awaited.
+// message is written, then every confirm awaited. Each message gets its
+// own outcome: an acked message is confirmed (never sent again), a
+// basic.nack is broker.ErrNacked, and a message whose confirm did not come
+// fails with the reason the channel or connection closed.
+//
+// A channel closed by the server because of a message published on it is
+// the messages' fault, not an outage: reply code 406 PRECONDITION_FAILED
+// (e.g. "invalid message: unacceptable_type_in_header" for a "CC" or "BCC"
+// header that is not an array, which RabbitMQ reads as sender-selected
+// destinations, https://www.rabbitmq.com/docs/sender-selected; a message
+// over the server's max_message_size), 311 CONTENT_TOO_LARGE or
+// 502 SYNTAX_ERROR (AMQP 0-9-1 reference, "Constants"). The close takes
+// every unconfirmed message of the channel along without saying which one
+// was at fault, so those are published again in halves
+// (broker.SendSplitting) until the one at fault fails alone, wrapping
+// broker.ErrInvalidMessage, and the others are confirmed. The messages
+// published before the refused one were stored although their confirms
+// were dropped with the channel, so they arrive more than once (seen: 30
+// to 60 extra deliveries for one poison message among 40; consumers
+// deduplicate). Every other close is an outage: 320 CONNECTION_FORCED,
+// 403 ACCESS_REFUSED, 404 NOT_FOUND (the exchange is declared again, see
+// below), 504 CHANNEL_ERROR, 506 RESOURCE_ERROR, 530 NOT_ALLOWED,
+// 541 INTERNAL_ERROR, a lost connection, ctx.
 //
 // The message travels as: AMQP message-id = Message.ID, AMQP type =
 // Message.Type (also the routing key of the first publish; retries travel
@@ -41,7 +63,13 @@
 // adapter redials every Config.ReconnectDelay after a connection loss,
 // re-declares the remembered topology and resumes every subscription.
 // Deliveries unsettled at the loss are redelivered by RabbitMQ; settling
-// them afterwards returns an error.
+// them afterwards returns an error. Before the first connection, New
+// redials too (its dial failures are logged at INFO: New's error reports
+// the last one, and its caller decides whether to warn), except when the server refuses the login or the vhost
+// (403 ACCESS_REFUSED, 530 NOT_ALLOWED): New returns that at once,
+// wrapping broker.ErrRefused. After a first connection every failure is
+// redialled, a refusal included (a password rotated under a running
+// process), and logged at WARN.
 //
 // A queue deleted while a subscription consumes it, or an exchange or
 // queue deleted while the connections stay up (an operator's mistake, a
@@ -100,9 +128,51 @@
 // TTL on work queues and DLQs, so neither type drops or expires a message
 // by itself; the overflow behaviour only matters with a length limit,
 // which ferry never sets. Operator policies still apply: a policy with
-// max-length, delivery-limit or message-ttl on ferry's queues can drop
-// messages ferry meant to retry (where a policy and an argument both set a
-// limit, RabbitMQ applies the lower), so keep such policies off them.
+// max-length, delivery-limit or message-ttl on ferry's queues makes
+// RabbitMQ drop messages ferry meant to retry (where a policy and an
+// argument both set a limit, RabbitMQ applies the lower).
+//
+// # What RabbitMQ drops goes to the DLQ
+//
+// Each work queue is declared with x-dead-letter-exchange "" and
+// x-dead-letter-routing-key "<queue>.dlq": a message RabbitMQ drops by
+// itself (a policy's max-length or max-length-bytes with the default
+// drop-head overflow, message-ttl, a quorum queue's delivery-limit) is
+// dead-lettered straight to the queue's DLQ instead of vanishing.
+// DeadLetterQueue.List (`ferry dlq list`) shows such a message with
+// RabbitMQ's reason from its x-death header as LastError, e.g.
+// `rabbitmq: dropped by the broker from queue "q", x-death reason
+// "maxlen": ...` (reasons maxlen, expired, delivery_limit, rejected), and
+// DeadAt the x-death time; Replay sends it back without the x-death
+// headers. Classic queues and quorum queues without
+// x-dead-letter-strategy dead-letter at most once
+// (https://www.rabbitmq.com/docs/dlx#safety). What a DLQ itself drops
+// under a policy is gone: keep length limits and TTLs off the .dlq queues.
+//
+// Upgrades: a queue's arguments cannot change in place, and declaring a
+// queue with arguments it lacks fails with PRECONDITION_FAILED. So a work
+// queue that an older ferry declared without a dead-letter exchange is
+// kept as it is: Declare declares it again without one and logs a
+// warning with the policy that adds it (PolicyDLX:
+// `rabbitmqctl set_policy --apply-to queues ferry-dlx-<queue> '^<queue>$'
+// '{"dead-letter-exchange":"","dead-letter-routing-key":"<queue>.dlq"}'`).
+// RabbitMQ applies one policy per queue (the highest priority), so an
+// operator's own policy on the queue must carry these two keys too; on
+// queues ferry declared with the arguments, the arguments win over any
+// policy. To get the arguments instead, drain and delete the work queue;
+// the next Declare creates it with them. While processes of both versions
+// run, an older one declaring a queue a newer one created with the
+// arguments fails with PRECONDITION_FAILED naming x-dead-letter-exchange,
+// so upgrade the processes before creating new queues, and do not
+// downgrade past this version without deleting the queues.
+//
+// Config.ConsumerTimeout says what the server's consumer_timeout is (AMQP
+// cannot read it; 30 minutes by default); Limits reports it, and a worker
+// whose HandlerTimeout is not shorter refuses to start. With
+// Config.ManagementURL, Limits also reads the queue's effective
+// delivery-limit (a policy's, applied over ferry's x-delivery-limit) from
+// the management API, and a worker whose attempts are not below it
+// refuses to start.
 // Classic queues have no delivery limit. Message TTL and at-least-once
 // dead-lettering of quorum queues need RabbitMQ 3.10 or later.
 //

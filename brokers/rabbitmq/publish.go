@@ -328,7 +328,10 @@ confirms:
 // or reserved: broker.ErrInvalidMessage; too large:
 // broker.ErrMessageTooLarge) are not sent and are reported in the
 // *broker.PublishError with the others that failed; the valid messages of
-// the batch are published all the same.
+// the batch are published all the same. A channel closed by a message
+// (refusedByMessage) is split up with broker.SendSplitting so that only
+// the message at fault fails; every other failure is reported per
+// message, the confirmed messages never listed (see the package doc).
 func (r *rabbit) Publish(ctx context.Context, msgs []*broker.Message) error {
 	if r.closed.Load() {
 		return broker.ErrClosed
@@ -363,35 +366,84 @@ func (r *rabbit) Publish(ctx context.Context, msgs []*broker.Message) error {
 		index = append(index, i)
 	}
 	if len(items) > 0 {
-		errs, err := r.publishHealing(ctx, items)
-		if err != nil {
-			if len(failed) == 0 {
-				return err
-			}
-			errs = make([]error, len(items))
-			for i := range errs {
-				errs[i] = err
-			}
+		all := make([]int, len(items))
+		for j := range all {
+			all[j] = j
 		}
-		for j, e := range errs {
-			if e != nil && r.closed.Load() && errors.Is(e, context.Canceled) {
+		// A channel closed by a message (refusedByMessage) takes every
+		// message not yet confirmed on it along: sending them apart finds
+		// the one at fault and publishes the others.
+		res := broker.SendSplitting(ctx, all, func(ctx context.Context, sub []int) map[int]error {
+			part := make([]outgoing, len(sub))
+			for k, j := range sub {
+				part[k] = items[j]
+			}
+			out := map[int]error{}
+			errs, err := r.publishHealing(ctx, part)
+			if err != nil {
+				for _, j := range sub {
+					out[j] = err
+				}
+				return out
+			}
+			refused := false
+			for _, e := range errs {
+				refused = refused || refusedByMessage(e)
+			}
+			for k, e := range errs {
+				if e == nil {
+					continue
+				}
+				if refused && errors.Is(e, amqp.ErrClosed) && !r.closed.Load() {
+					e = broker.RefusedCall(e)
+				}
+				out[sub[k]] = e
+			}
+			return out
+		})
+		for j, e := range res {
+			if r.closed.Load() && errors.Is(e, context.Canceled) {
 				e = broker.ErrClosed
 			}
-			if e != nil {
-				failed = append(failed, broker.FailedMessage{Index: index[j], ID: msgs[index[j]].ID, Err: e})
-			}
+			failed = append(failed, broker.FailedMessage{Index: index[j], ID: msgs[index[j]].ID, Err: e})
 		}
 	}
 	if len(failed) == 0 {
 		return nil
 	}
 	sortFailed(failed)
-	if len(failed) == len(msgs) && allSame(failed) && isPlain(failed[0].Err) {
-		// The whole batch failed for one reason (closed, deadline): say so
-		// plainly; errors.Is finds it either way.
+	if len(failed) == len(msgs) && allSame(failed) && (isPlain(failed[0].Err) || !broker.IsMessageFault(failed[0].Err)) {
+		// The whole batch failed for one reason (closed, deadline, no
+		// channel): say so plainly; errors.Is finds it either way.
 		return failed[0].Err
 	}
 	return &broker.PublishError{Failed: failed}
+}
+
+// refusedByMessage reports whether err says that the channel was closed
+// by the server because of a message published on it, not because of
+// the server, the connection or the credentials: a channel or connection
+// exception with reply code 406 PRECONDITION_FAILED (e.g. "invalid
+// message: unacceptable_type_in_header" for a "CC" or "BCC" header that
+// is not an array, a message over the server's max_message_size),
+// 311 CONTENT_TOO_LARGE or 502 SYNTAX_ERROR (AMQP 0-9-1 reference,
+// "Constants"). Every other code is an outage: 320 CONNECTION_FORCED,
+// 403 ACCESS_REFUSED, 404 NOT_FOUND (the exchange is gone: the topology
+// is declared again), 504 CHANNEL_ERROR, 506 RESOURCE_ERROR,
+// 530 NOT_ALLOWED, 541 INTERNAL_ERROR, and a lost connection.
+func refusedByMessage(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ae *amqp.Error
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case amqp.PreconditionFailed, amqp.ContentTooLarge, amqp.SyntaxError:
+		return true
+	}
+	return false
 }
 
 func allSame(f []broker.FailedMessage) bool {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,6 +117,25 @@ type Config struct {
 	// type of a queue cannot change, delete it (after draining it) to
 	// switch. See the package doc for the arguments each type gets.
 	QueueType string
+	// ConsumerTimeout is the server's consumer_timeout (rabbitmq.conf;
+	// https://www.rabbitmq.com/docs/consumers#acknowledgement-timeout):
+	// a delivery left unacknowledged that long makes the server close the
+	// channel and redeliver it. AMQP cannot read it, so say it here when
+	// the server's differs; the adapter reports it as
+	// broker.Limits.SettleTimeout, and package worker refuses a
+	// HandlerTimeout that is not shorter. Defaults to
+	// DefaultConsumerTimeout (30 min, RabbitMQ's default); negative: the
+	// server has none.
+	ConsumerTimeout time.Duration
+	// ManagementURL, when set, is the base URL of the server's management
+	// HTTP API, e.g. "http://user:password@127.0.0.1:15672" (without
+	// credentials, those of URL are used). Limits then reads each queue's
+	// effective delivery-limit there (an operator policy's or the
+	// x-delivery-limit argument, the lower), which AMQP cannot tell, so the
+	// worker refuses attempts that the limit would cut short; the API
+	// must answer then, or the worker does not start. Empty: no such
+	// check.
+	ManagementURL string
 	// Logger receives connection losses and reconnections. Defaults to
 	// slog.Default(). The adapter adds the attribute broker=rabbitmq to
 	// every line, so do not add a "broker" attribute to Logger yourself.
@@ -155,32 +176,104 @@ func (c Config) withDefaults() Config {
 	if c.QueueType == "" {
 		c.QueueType = QueueTypeClassic
 	}
+	if c.ConsumerTimeout == 0 {
+		c.ConsumerTimeout = DefaultConsumerTimeout
+	}
 	return c
 }
 
+// Validate checks c with the defaults applied, as New does before it
+// dials: the URL must parse as an AMQP URI (amqp:// or amqps://), the
+// durations and sizes must be in range. It needs no server. The error is
+// a *broker.ConfigError naming the field, wrapping broker.ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
+// DefaultConsumerTimeout is Config.ConsumerTimeout's default, RabbitMQ's
+// default consumer_timeout (30 minutes since 3.8.15).
+const DefaultConsumerTimeout = 30 * time.Minute
+
+var _ broker.LimitReporter = (*rabbit)(nil)
+
+// Limits implements broker.LimitReporter: SettleTimeout is
+// Config.ConsumerTimeout (none when negative). DeliveryLimit is, with
+// Config.ManagementURL, the queue's effective delivery-limit read from the
+// management API (an operator policy's delivery-limit, which RabbitMQ
+// applies over ferry's higher x-delivery-limit argument); each redelivery
+// of a delivery whose settlement was lost counts towards it, and so does
+// the worker's attempt for it. Without ManagementURL it is 0 and Limits
+// does no I/O: AMQP cannot read a policy, and what such a limit drops
+// still reaches the DLQ through the work queue's dead-letter exchange,
+// listed with the reason "delivery_limit". ferry's own retries are new
+// messages in a retry level and never count. Returns
+// broker.ErrUnknownQueue for a queue not declared on this broker,
+// broker.ErrClosed after Close.
+func (r *rabbit) Limits(ctx context.Context, queue string) (broker.Limits, error) {
+	if r.closed.Load() {
+		return broker.Limits{}, broker.ErrClosed
+	}
+	r.mu.Lock()
+	_, ok := r.queues[queue]
+	r.mu.Unlock()
+	if !ok {
+		return broker.Limits{}, fmt.Errorf("%w: %s (not declared on this broker)", broker.ErrUnknownQueue, queue)
+	}
+	var l broker.Limits
+	if r.cfg.ConsumerTimeout > 0 {
+		l.SettleTimeout = r.cfg.ConsumerTimeout
+		l.SettleTimeoutSetting = "rabbitmq.Config.ConsumerTimeout (the server's consumer_timeout)"
+	}
+	if r.cfg.ManagementURL != "" {
+		n, setting, err := r.deliveryLimit(ctx, queue)
+		if err != nil {
+			return l, err
+		}
+		l.DeliveryLimit, l.DeliveryLimitSetting = n, setting
+	}
+	return l, nil
+}
+
 func (c Config) validate() error {
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return fmt.Errorf("rabbitmq: Config.URL %q: %w", redact(c.URL), err)
+	bad := func(field, value, format string, args ...any) error {
+		return &broker.ConfigError{Adapter: "rabbitmq", Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
+	}
+	const wantURL = "want amqp://user:password@host:port/vhost or amqps://…"
+	uri, err := amqp.ParseURI(c.URL)
+	if err != nil {
+		return bad("URL", redact(c.URL), "%v; %s", err, wantURL)
+	}
+	if strings.Contains(uri.Host, ":") && net.ParseIP(uri.Host) == nil {
+		// amqp.ParseURI takes "host:1:2" as host "host:1".
+		return bad("URL", redact(c.URL), "host %q is not a host name; %s", uri.Host, wantURL)
 	}
 	switch {
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("rabbitmq: Config.PublishTimeout %v: must not be negative", c.PublishTimeout)
+		return bad("PublishTimeout", "", "%v: must not be negative", c.PublishTimeout)
 	case c.ReconnectDelay < 0:
-		return fmt.Errorf("rabbitmq: Config.ReconnectDelay %v: must not be negative", c.ReconnectDelay)
+		return bad("ReconnectDelay", "", "%v: must not be negative", c.ReconnectDelay)
 	case c.ConnectTimeout < 0:
-		return fmt.Errorf("rabbitmq: Config.ConnectTimeout %v: must not be negative", c.ConnectTimeout)
+		return bad("ConnectTimeout", "", "%v: must not be negative", c.ConnectTimeout)
 	case c.PublishChannels < 0 || c.PublishChannels > 256:
-		return fmt.Errorf("rabbitmq: Config.PublishChannels %d: want 1..256", c.PublishChannels)
+		return bad("PublishChannels", "", "%d: want 1..256", c.PublishChannels)
 	case c.MaxMessageBytes < 0:
-		return fmt.Errorf("rabbitmq: Config.MaxMessageBytes %d: must not be negative", c.MaxMessageBytes)
+		return bad("MaxMessageBytes", "", "%d: must not be negative", c.MaxMessageBytes)
 	case c.MaxHeaderBytes < 0 || c.MaxHeaderBytes > 120<<10:
-		return fmt.Errorf("rabbitmq: Config.MaxHeaderBytes %d: want 1..%d (one AMQP frame)", c.MaxHeaderBytes, 120<<10)
+		return bad("MaxHeaderBytes", "", "%d: want 1..%d (one AMQP frame)", c.MaxHeaderBytes, 120<<10)
 	case c.Heartbeat < 0:
-		return fmt.Errorf("rabbitmq: Config.Heartbeat %v: must not be negative", c.Heartbeat)
+		return bad("Heartbeat", "", "%v: must not be negative", c.Heartbeat)
 	case c.QueueType != QueueTypeClassic && c.QueueType != QueueTypeQuorum:
-		return fmt.Errorf("rabbitmq: Config.QueueType %q: want %q or %q", c.QueueType, QueueTypeClassic, QueueTypeQuorum)
+		return bad("QueueType", c.QueueType, "want %q or %q", QueueTypeClassic, QueueTypeQuorum)
 	}
 	return nil
+}
+
+// refusal reports whether err, from a dial, is the server refusing the
+// connection for good: AMQP 403 ACCESS_REFUSED (wrong user or password,
+// no SASL mechanism in common, no access to the vhost) or 530 NOT_ALLOWED
+// (the vhost does not exist), sent during the connection handshake
+// (https://www.rabbitmq.com/amqp-0-9-1-reference#constants).
+func refusal(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
 }
 
 // redact hides the password of an AMQP URL for messages and logs.
@@ -224,8 +317,12 @@ var _ broker.Broker = (*rabbit)(nil)
 // New connects to RabbitMQ and returns the adapter. It waits for the first
 // connection until ctx is done or, when ctx has no deadline, for
 // Config.ConnectTimeout, and returns an error naming the URL (password
-// hidden) and the last dial error if the server stays unreachable. Once
-// connected, later connection losses are repaired in the background.
+// hidden) and the last dial error if the server stays unreachable. It
+// returns at once an error wrapping broker.ErrInvalidConfig for a Config
+// that Validate refuses, and one wrapping broker.ErrRefused, with the
+// server's reason, when the server refuses the login or the vhost (AMQP
+// 403 ACCESS_REFUSED, 530 NOT_ALLOWED). Once connected, later connection
+// losses are repaired in the background.
 func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -254,6 +351,9 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		if _, err := m.current(ctx); err != nil {
 			last := m.lastError()
 			r.Close()
+			if errors.Is(err, broker.ErrRefused) {
+				return nil, fmt.Errorf("rabbitmq: connect %s: %w", redact(cfg.URL), err)
+			}
 			if last != nil {
 				return nil, fmt.Errorf("rabbitmq: connect %s: %w (last dial error: %v)", redact(cfg.URL), err, last)
 			}
@@ -283,7 +383,9 @@ func (r *rabbit) Capabilities() broker.Capabilities {
 // bindings; all durable. A retry level whose delay changed since an earlier
 // declaration is refused by RabbitMQ (PRECONDITION_FAILED, arguments differ):
 // the error wraps broker.ErrTopologyMismatch and names the queue and the
-// argument; delete it (or choose other delays) to change it. Bindings are only added, never removed. All Declare calls on one
+// argument; delete it (or choose other delays) to change it. A
+// declaration refused for the user's permissions (403 ACCESS_REFUSED)
+// wraps broker.ErrRefused. Bindings are only added, never removed. All Declare calls on one
 // adapter must use the same exchange; their queues are merged and
 // re-declared after every reconnect.
 func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
@@ -313,7 +415,10 @@ func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare: %w", err)
 	}
-	if err := declareOn(conn, t, r.cfg.QueueType); err != nil {
+	if err := declareOn(conn, t, r.cfg.QueueType, r.log); err != nil {
+		if isAMQPCode(err, amqp.AccessRefused) {
+			return fmt.Errorf("%w: %w (the user may not configure, write or read these names on the vhost: see rabbitmqctl set_permissions)", err, broker.ErrRefused)
+		}
 		return err
 	}
 	r.mu.Lock()
@@ -406,14 +511,43 @@ func ttlMillis(d time.Duration) int64 {
 	return ms
 }
 
+// workQueueArgs are the arguments of a work queue: queueArgs plus
+// dead-lettering through the default exchange straight to its DLQ, so a
+// message RabbitMQ drops by itself (an operator policy's max-length,
+// message-ttl or delivery-limit) lands in the DLQ with the reason in its
+// x-death header instead of vanishing (https://www.rabbitmq.com/docs/dlx).
+// ferry itself never rejects without requeue, so nothing else takes that
+// way.
+func workQueueArgs(qt, queue string) amqp.Table {
+	args := queueArgs(qt)
+	args["x-dead-letter-exchange"] = ""
+	args["x-dead-letter-routing-key"] = broker.DLQName(queue)
+	return args
+}
+
+// PolicyDLX returns the rabbitmqctl command that gives the work queue
+// queue, declared before ferry set x-dead-letter-exchange on work queues,
+// the same dead-lettering as a policy (a queue's arguments cannot change
+// in place; a policy can add what they lack). The pattern matches that
+// queue's name only. An operator policy of one's own on the queue must
+// carry these two keys as well: RabbitMQ applies one policy per queue.
+func PolicyDLX(queue string) string {
+	return fmt.Sprintf(`rabbitmqctl set_policy --apply-to queues ferry-dlx-%s '^%s$' '{"dead-letter-exchange":"","dead-letter-routing-key":"%s"}'`,
+		queue, regexp.QuoteMeta(queue), broker.DLQName(queue))
+}
+
 // declareOn declares t on conn, on a channel of its own (a refused
-// declaration closes the channel).
-func declareOn(conn *amqp.Connection, t broker.Topology, qt string) error {
+// declaration closes the channel). A work queue that exists without
+// x-dead-letter-exchange (declared by a ferry before it set one) is
+// declared again without it, and log gets a warning with the policy that
+// adds it (PolicyDLX): a queue's arguments cannot change in place, and
+// refusing the queue would stop an upgrade.
+func declareOn(conn *amqp.Connection, t broker.Topology, qt string, log *slog.Logger) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare: open channel: %w", err)
 	}
-	defer ch.Close()
+	defer func() { ch.Close() }()
 	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		if isAMQPCode(err, amqp.PreconditionFailed) {
 			return fmt.Errorf("rabbitmq: declare exchange %q: %w: %w; it exists with another type or other flags (ferry needs a durable topic exchange): delete it or use another exchange name",
@@ -432,8 +566,22 @@ func declareOn(conn *amqp.Connection, t broker.Topology, qt string) error {
 				return queueDeclareError(name, fmt.Sprintf("retry level %d, x-message-ttl %dms", i, ttlMillis(d)), qt, err)
 			}
 		}
-		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, queueArgs(qt)); err != nil {
-			return queueDeclareError(q.Name, "", qt, err)
+		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, workQueueArgs(qt, q.Name)); err != nil {
+			var ae *amqp.Error
+			if !isAMQPCode(err, amqp.PreconditionFailed) || !errors.As(err, &ae) || !strings.Contains(ae.Reason, "x-dead-letter-") {
+				return queueDeclareError(q.Name, "", qt, err)
+			}
+			// Declared before ferry set a dead-letter exchange on work
+			// queues: keep it as it is, on a new channel (the refusal
+			// closed this one).
+			if ch, err = conn.Channel(); err != nil {
+				return fmt.Errorf("rabbitmq: declare: open channel: %w", err)
+			}
+			if _, err := ch.QueueDeclare(q.Name, true, false, false, false, queueArgs(qt)); err != nil {
+				return queueDeclareError(q.Name, "", qt, err)
+			}
+			log.Warn("rabbitmq: work queue has no dead-letter exchange (declared by an older ferry): a message RabbitMQ drops by itself (a policy's max-length, message-ttl or delivery-limit) is lost instead of reaching the DLQ; add it with a policy",
+				"queue", q.Name, "dlq", broker.DLQName(q.Name), "command", PolicyDLX(q.Name))
 		}
 		for _, b := range q.Bindings {
 			if err := ch.QueueBind(q.Name, b, t.Exchange, false, nil); err != nil {
@@ -511,7 +659,7 @@ func (r *rabbit) healTopology(ctx context.Context, what string, seenAt time.Time
 		if err != nil {
 			return fmt.Errorf("rabbitmq: re-declare the missing topology: %w", err)
 		}
-		err = declareOn(conn, *t, r.cfg.QueueType)
+		err = declareOn(conn, *t, r.cfg.QueueType, r.log)
 		if err == nil {
 			break
 		}

@@ -122,6 +122,11 @@ func runConformance(t *testing.T, queueType string) {
 		},
 		DeleteTopology: func(ctx context.Context, t *testing.T, tp broker.Topology) { deleteTopology(ctx, t, tp) },
 		RemoveTopology: removeTopology,
+		// RabbitMQ reads "CC" and "BCC" as sender-selected destinations and
+		// closes the channel with PRECONDITION_FAILED when one is a string.
+		Poison: func(ctx context.Context, t *testing.T, b broker.Broker, tp broker.Topology, id, typ string) *broker.Message {
+			return &broker.Message{ID: id, Type: typ, Body: []byte("poison"), Headers: map[string]string{"CC": "not-an-array"}}
+		},
 	})
 }
 
@@ -448,9 +453,12 @@ func TestReconnectAfterServerClosesConnections(t *testing.T) {
 	}
 	require.Positive(t, closed, "no ferry connection found in the management API")
 
-	// The held delivery's channel is gone: settling it fails, and the
-	// message comes back.
-	require.Eventually(t, func() bool { return held.Ack(ctx) != nil }, 5*time.Second, 50*time.Millisecond)
+	// The held delivery's channel is gone: settling it fails, classified
+	// as a lost connection (ferry_worker_settle_failures_total's reason),
+	// and the message comes back.
+	var ackErr error
+	require.Eventually(t, func() bool { ackErr = held.Ack(ctx); return ackErr != nil }, 5*time.Second, 50*time.Millisecond)
+	require.Equal(t, broker.ReasonConnection, broker.SettleReason(ackErr), "%v", ackErr)
 	require.NoError(t, b.Publish(ctx, []*broker.Message{{ID: "after", Type: "order.created"}}))
 	seen := map[string]bool{}
 	for !seen["before"] || !seen["after"] {

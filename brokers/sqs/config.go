@@ -1,8 +1,14 @@
 package sqs
 
 import (
+	"fmt"
 	"log/slog"
+	"net/url"
+	"regexp"
+	"strconv"
 	"time"
+
+	"github.com/ferrymq/ferry/broker"
 )
 
 // Config configures the SQS adapter. The zero value of every field means
@@ -109,3 +115,44 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// Validate checks c with the defaults applied, as New does before it
+// connects: Endpoint, when set, must be an http:// or https:// URL with a
+// host (a port, when given, 1..65535); Region must be an AWS region name
+// (lower-case letters, digits and '-', e.g. "us-east-1"). It needs no
+// server. The error is a *broker.ConfigError naming the field, wrapping
+// broker.ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
+func (c Config) validate() error {
+	bad := func(field, value, reason string) error {
+		return &broker.ConfigError{Adapter: "sqs", Field: field, Value: value, Reason: reason}
+	}
+	if c.Endpoint != "" {
+		const want = "want an http:// or https:// URL such as http://127.0.0.1:9324, or empty for AWS's endpoint of Region"
+		u, err := url.Parse(c.Endpoint)
+		switch {
+		case err != nil:
+			return bad("Endpoint", c.Endpoint, err.Error()+"; "+want)
+		case u.Scheme != "http" && u.Scheme != "https":
+			return bad("Endpoint", c.Endpoint, want)
+		case u.Hostname() == "":
+			return bad("Endpoint", c.Endpoint, "no host; "+want)
+		case u.User != nil:
+			return bad("Endpoint", u.Redacted(), "credentials do not go in the URL (the AWS SDK's chain: AWS_ACCESS_KEY_ID, profiles, roles); "+want)
+		}
+		if p := u.Port(); p != "" {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				return bad("Endpoint", c.Endpoint, fmt.Sprintf("port %q: want 1..65535", p))
+			}
+		}
+	}
+	if !regionRE.MatchString(c.Region) {
+		return bad("Region", c.Region, `want an AWS region name such as "us-east-1"`)
+	}
+	return nil
+}
+
+// regionRE matches AWS region names (us-east-1, eu-central-2,
+// us-gov-west-1, cn-north-1).
+var regionRE = regexp.MustCompile(`^[a-z]{2,}(-[a-z0-9]+)+$`)

@@ -110,9 +110,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 	}
 	ctx, cancel := d.s.b.opCtx(ctx, d.s.b.cfg.SettleTimeout)
 	defer cancel()
-	err := d.s.acks.delete(ctx, d.receipt)
+	err := d.s.acks.delete(ctx, d.msg.ID, d.receipt)
 	if err != nil {
-		err = fmt.Errorf("sqs: ack %s: %w", d.msg.ID, err)
+		err = settleErr(fmt.Errorf("sqs: ack %s: %w", d.msg.ID, err))
 	}
 	return d.done(err)
 }
@@ -131,7 +131,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, reason string
 	_, err := d.s.b.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl: aws.String(d.url), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: secs})
 	if err != nil {
-		err = fmt.Errorf("sqs: retry %s: ChangeMessageVisibility %ds: %w", d.msg.ID, secs, err)
+		err = settleErr(fmt.Errorf("sqs: retry %s: ChangeMessageVisibility %ds: %w", d.msg.ID, secs, err))
 	} else {
 		d.s.b.log.Debug("sqs: retry", "message_id", d.msg.ID, "delay_s", secs, "reason", broker.TruncateReason(reason))
 	}
@@ -165,10 +165,10 @@ func (d *delivery) DeadLetter(ctx context.Context, reason string) error {
 	if err == nil {
 		_, err = d.s.b.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(d.url), ReceiptHandle: aws.String(d.receipt)})
 		if err != nil {
-			err = fmt.Errorf("sqs: dead-letter %s: stored in the DLQ, delete from the queue failed: %w", d.msg.ID, err)
+			err = settleErr(fmt.Errorf("sqs: dead-letter %s: stored in the DLQ, delete from the queue failed: %w", d.msg.ID, err))
 		}
 	} else {
-		err = fmt.Errorf("sqs: dead-letter %s: %w", d.msg.ID, err)
+		err = settleErr(fmt.Errorf("sqs: dead-letter %s: %w", d.msg.ID, err))
 	}
 	return d.done(err)
 }
@@ -190,7 +190,7 @@ func (d *delivery) Extend(ctx context.Context) error {
 	_, err := d.s.b.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl: aws.String(d.url), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: d.s.vis})
 	if err != nil {
-		return fmt.Errorf("sqs: extend %s: ChangeMessageVisibility: %w", d.msg.ID, err)
+		return settleErr(fmt.Errorf("sqs: extend %s: ChangeMessageVisibility: %w", d.msg.ID, err))
 	}
 	return nil
 }

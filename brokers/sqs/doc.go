@@ -1,6 +1,8 @@
 // Package sqs is ferry's AWS SQS adapter (broker.Broker) on
 // github.com/aws/aws-sdk-go-v2/service/sqs. It is tested against ElasticMQ
-// 1.6.11 with sqs-limits = strict (compose/local/services.sh up sqs).
+// 1.6.11 with sqs-limits = strict (compose/local/services.sh up sqs), and
+// its FIFO deduplication also against moto 5.1's standalone server
+// (services.sh up moto).
 //
 // # Topology
 //
@@ -11,7 +13,15 @@
 // ("notifications__notifications-send-dlq"), both tagged ferry-exchange and
 // ferry-queue, with a 14-day retention and, on the work queue, a
 // RedrivePolicy to the DLQ with Config.MaxReceiveCount (100) as a safety
-// net. It reads back the attributes and tags it set; a queue that exists
+// net; a worker whose attempts are not below it refuses to start (Limits,
+// package worker "Settings that must agree with the broker"), as does one
+// with an AckDeadline or HandlerTimeout past SQS's 12-hour visibility
+// limit, or retry delays that add up past the 14-day retention (a message
+// retried in place keeps its send time, and SQS deletes it 14 days after
+// it, also unread). Nothing warns before that retention deletes an unread
+// message on a queue no worker reads: watch the CloudWatch metric
+// ApproximateAgeOfOldestMessage (SQS's GetQueueAttributes does not report
+// it) against the 14 days, and ferry_queue_messages for the backlog. It reads back the attributes and tags it set; a queue that exists
 // with others (another maxReceiveCount, a FIFO queue where a standard one
 // is declared, another ferry name) is an error wrapping
 // broker.ErrTopologyMismatch. Publish does the routing: each message goes
@@ -33,10 +43,33 @@
 // SQS's code and message (a *broker.PublishError), wrapping
 // broker.ErrInvalidMessage for a sender fault (e.g. a body character SQS
 // refuses) and broker.ErrNacked for a server fault, and
-// the accepted entries are never sent again. A call that fails as a whole
-// (unreachable server, throttling, ctx) makes Publish return that error,
-// not a *broker.PublishError. Up to 8 calls of one Publish are in flight;
-// on FIFO queues one queue's calls go one after another, in order.
+// the accepted entries are never sent again.
+//
+// A call that fails as a whole is an outage or the messages' fault,
+// after the SQS API reference's error lists (SendMessageBatch "Errors" and
+// "Common Errors"): no HTTP answer (connection, timeout, ctx), HTTP 5xx
+// (InternalFailure, ServiceUnavailable) and throttling (RequestThrottled,
+// ThrottlingException, KmsThrottled, HTTP 429) after the SDK's 3 attempts,
+// authentication and authorisation (HTTP 401 and 403, AccessDenied,
+// InvalidClientTokenId, InvalidSecurity, MissingAuthenticationToken,
+// NotAuthorized, RequestExpired, SignatureDoesNotMatch, OptInRequired),
+// the queue's KMS key errors (Kms*), QueueDoesNotExist, InvalidAddress and
+// UnsupportedOperation are outages: the messages of that call, and of that
+// call only, fail with its error, which broker.IsMessageFault does not
+// recognise. Any other HTTP 4xx answer is about the request
+// (InvalidMessageContents, InvalidParameterValue, BatchRequestTooLong,
+// MalformedQueryString, ValidationError, ElasticMQ's InvalidAction for a
+// body its JSON parser refuses, such as one holding U+FFFF): the call's
+// entries are sent again in halves (broker.SendSplitting) until the
+// message(s) at fault are found; they alone fail, wrapping
+// broker.ErrInvalidMessage, and the others are sent. Publish returns a
+// *broker.PublishError listing only the messages not accepted, so the
+// calls SQS accepted are never sent again; only when every message failed
+// with one call's error does it return that error itself. Up to 8 calls
+// of one Publish are in flight; on FIFO queues one queue's calls go one
+// after another, in order, and after a failed call the later ones of that
+// queue are not made (their messages fail with its error, or are sent
+// after the refused ones are sorted out).
 //
 // A message is encoded as the body plus at most five message attributes
 // (SQS allows ten): ferry-id, ferry-type, ferry-key, ferry-headers (every
@@ -45,6 +78,27 @@
 // characters outside #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD
 // #x10000-#x10FFFF, and such a message fails on its own. A body that is not
 // valid UTF-8 is base64-encoded (4/3 of its size); an empty one is "-".
+//
+// # FIFO deduplication
+//
+// On FIFO queues (Config.FIFO) a message's MessageDeduplicationId is its
+// ID, the outbox row id (a hash of it when it is longer than 128
+// characters or holds others than printable ASCII), so a row the relay publishes again (its mark
+// failed after SQS accepted it: a relay crash, a lost database
+// connection) has the same one. SQS drops a message whose
+// MessageDeduplicationId it accepted in the last 5 minutes (AWS SQS
+// Developer Guide, "Using the message deduplication ID"; the window
+// cannot be changed), so inside that window the resend is not delivered
+// again. ferry does not depend on it: after the window, or on a server
+// that forgets the ID of a deleted message (moto 5.1 does; AWS and
+// ElasticMQ keep it for the whole window), the resend is delivered as a
+// second copy and the consumer's deduplication (package worker's
+// processed_messages) acks it without running the handler. The window
+// only saves that second delivery. The copies ferry makes itself (the DLQ
+// copy of DeadLetter, a DLQ replay) carry an ID of their own
+// (MessageDeduplicationId "<id>-dead-<receive count>",
+// "<id>-replay-<n>") so the window does not drop them. TestFIFODedupInsideWindow checks this on ElasticMQ and moto;
+// TestFIFODedupAfterWindow waits the 5 minutes out (make test-long).
 //
 // # Consume
 //
@@ -73,7 +127,14 @@
 //
 // Ack is DeleteMessageBatch, shared by the Acks of the next 2 ms of a
 // subscription; an entry SQS refuses is deleted again with DeleteMessage,
-// and its Ack fails if that fails too. Retry is ChangeMessageVisibility to the delay,
+// and its Ack fails if that fails too (naming both refusals). When the
+// DeleteMessage succeeds the Ack returns nil and the refusal is reported
+// to the broker.SettleObserver of the Ack's ctx (Recovered), so package
+// worker logs and counts it. Settle errors are classified for
+// broker.SettleReason: ReceiptHandleIsInvalid is "expired" (the
+// visibility timeout ended and the message was received again), a
+// deleted queue "not_found", throttling "throttled", any other SQS error
+// "refused". Retry is ChangeMessageVisibility to the delay,
 // rounded up to whole seconds, at least 1 s and at most 12 h
 // (Capabilities.MaxDelay): the message stays the same
 // (Capabilities.RetryInPlace), so the next delivery carries

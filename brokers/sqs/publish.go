@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"net/http"
 	"strconv"
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -35,12 +36,27 @@ type pending struct {
 // an entry SQS lists under Failed fails with SQS's code and message,
 // wrapping broker.ErrInvalidMessage when SQS says it is the sender's fault
 // (the message's body or an attribute SQS refuses), broker.ErrNacked when
-// it is the server's. Such per-message failures come back as a
-// *broker.PublishError; the entries SQS accepted are never sent again. A
-// call that failed as a whole (server unreachable, throttled, ctx done)
-// makes Publish return that error, not a *broker.PublishError: none of the
-// batch is known to be stored. A queue deleted under the process is
-// declared again and the call repeated once.
+// it is the server's.
+//
+// A call that fails as a whole is classified by refusedCall: an HTTP 4xx
+// answer that is not throttling, authentication, authorisation or a
+// missing queue (e.g. InvalidMessageContents, InvalidParameterValue,
+// BatchRequestTooLong, or ElasticMQ's InvalidAction for a body its JSON
+// parser refuses) is the messages' fault, and the call's entries are sent
+// again in halves (broker.SendSplitting) until the message(s) at fault are
+// found: they alone fail, wrapping broker.ErrInvalidMessage, and the
+// others are sent. Anything else (no answer, ctx, HTTP 5xx or throttling
+// after the SDK's 3 attempts, credentials, a queue that stays missing) is
+// an outage: only the messages of that call fail with its error.
+//
+// Per-message outcomes come back as a *broker.PublishError; the messages
+// of the calls SQS accepted are not listed and are never sent again. Only
+// when every message failed with one call's error does Publish return
+// that error itself. A message routed to several queues is listed when
+// one of its sends failed (a message fault first), and the relay's
+// publish-again then also reaches the queues that had it (consumers
+// deduplicate). A queue deleted under the process is declared again and
+// the call repeated once.
 func (b *Broker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	if err := b.check(); err != nil {
 		return err
@@ -125,75 +141,104 @@ func (b *Broker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	ctx, cancel := b.opCtx(ctx, b.cfg.PublishTimeout)
 	defer cancel()
 	var (
-		mu      sync.Mutex
-		callErr error
-		wg      sync.WaitGroup
-		sem     = make(chan struct{}, sendConcurrency)
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
-	record := func(entryErrs map[int]error, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			if callErr == nil {
-				callErr = err
-			}
-			return
-		}
-		for idx, e := range entryErrs {
-			if _, dup := failed[idx]; !dup {
-				failed[idx] = e
-			}
-		}
-	}
 	for qi, ps := range perQueue {
-		qi.mu.Lock()
-		limit := qi.limit
-		qi.mu.Unlock()
-		batches := splitBatches(ps, limit)
-		if b.cfg.FIFO {
-			// One queue's calls in order: a FIFO queue keeps the order
-			// in which its calls arrive.
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for _, batch := range batches {
-					sem <- struct{}{}
-					entryErrs, err := b.sendBatch(ctx, qi, batch)
-					<-sem
-					record(entryErrs, err)
-					if err != nil {
-						return
-					}
+		byIdx := make(map[int]pending, len(ps))
+		idx := make([]int, len(ps))
+		for j, p := range ps {
+			byIdx[p.idx] = p
+			idx[j] = p.idx
+		}
+		// Each queue's calls on their own: a refusal of a whole call that
+		// is the messages' fault is split up to find them
+		// (broker.SendSplitting), and an accepted call is never sent again.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := broker.SendSplitting(ctx, idx, func(ctx context.Context, idx []int) map[int]error {
+				sub := make([]pending, len(idx))
+				for j, i := range idx {
+					sub[j] = byIdx[i]
 				}
-			}()
-			continue
-		}
-		for _, batch := range batches {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				record(b.sendBatch(ctx, qi, batch))
-			}()
-		}
+				return b.sendQueue(ctx, qi, sub)
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			for i, err := range res {
+				// A message for several queues fails when one of its
+				// sends failed; a message fault wins, so the row is
+				// parked with its reason.
+				if old, dup := failed[i]; !dup || (!broker.IsMessageFault(old) && broker.IsMessageFault(err)) {
+					failed[i] = err
+				}
+			}
+		}()
 	}
 	wg.Wait()
-	if callErr != nil {
-		if b.ctx.Err() != nil {
-			return broker.ErrClosed
+	if len(failed) > 0 && b.ctx.Err() != nil {
+		for i, err := range failed {
+			if !broker.IsMessageFault(err) {
+				failed[i] = broker.ErrClosed
+			}
 		}
-		return fmt.Errorf("sqs: publish: %w", callErr)
 	}
-	if len(failed) == 0 {
-		return nil
+	return broker.PublishResult(msgs, failed)
+}
+
+// sendQueue sends ps to one queue in SendMessageBatch calls (splitBatches),
+// up to sendConcurrency of them at once, and returns the messages not
+// accepted by batch index. On a FIFO queue the calls go one after another
+// (a FIFO queue keeps the order in which its calls arrive), and after a
+// call that failed the later ones are not made: their messages fail with
+// that call's error, a refusal of the messages included, so that they are
+// sent after the refused ones are sorted out.
+func (b *Broker) sendQueue(ctx context.Context, qi *queueInfo, ps []pending) map[int]error {
+	qi.mu.Lock()
+	limit := qi.limit
+	qi.mu.Unlock()
+	batches := splitBatches(ps, limit)
+	out := map[int]error{}
+	var mu sync.Mutex
+	record := func(batch []pending, entryErrs map[int]error, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range batch {
+			if err != nil {
+				out[p.idx] = err
+			} else if e, ok := entryErrs[p.idx]; ok {
+				out[p.idx] = e
+			}
+		}
 	}
-	pe := &broker.PublishError{}
-	for idx, err := range failed {
-		pe.Failed = append(pe.Failed, broker.FailedMessage{Index: idx, ID: msgs[idx].ID, Err: err})
+	if b.cfg.FIFO {
+		for k, batch := range batches {
+			entryErrs, err := b.sendBatch(ctx, qi, batch)
+			record(batch, entryErrs, err)
+			if err != nil {
+				for _, rest := range batches[k+1:] {
+					record(rest, nil, err)
+				}
+				break
+			}
+		}
+		return out
 	}
-	sort.Slice(pe.Failed, func(i, j int) bool { return pe.Failed[i].Index < pe.Failed[j].Index })
-	return pe
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, sendConcurrency)
+	for _, batch := range batches {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			entryErrs, err := b.sendBatch(ctx, qi, batch)
+			record(batch, entryErrs, err)
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // splitBatches cuts ps into SendMessageBatch calls of at most 10 entries
@@ -239,7 +284,11 @@ func (b *Broker) sendBatch(ctx context.Context, qi *queueInfo, batch []pending) 
 		out, err = b.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("SendMessageBatch to %s: %w", qi.name, err)
+		err = fmt.Errorf("sqs: publish: SendMessageBatch of %d message(s) to %s: %w", len(batch), qi.name, err)
+		if refusedCall(err) {
+			err = broker.RefusedCall(err)
+		}
+		return nil, err
 	}
 	res := map[int]error{}
 	done := map[string]bool{}
@@ -269,4 +318,52 @@ func (b *Broker) sendBatch(ctx context.Context, qi *queueInfo, batch []pending) 
 		}
 	}
 	return res, nil
+}
+
+// outageCodes are the error codes of a whole SendMessageBatch call that
+// say nothing about the messages it carried, whatever their HTTP status
+// (SQS answers throttling and some authentication errors with 400): the
+// SendMessageBatch errors RequestThrottled, KmsThrottled,
+// QueueDoesNotExist, InvalidAddress, InvalidSecurity, UnsupportedOperation
+// and the Kms* key errors, and the common errors of the SQS API reference
+// (AccessDenied, IncompleteSignature, InvalidClientTokenId,
+// MissingAuthenticationToken, NotAuthorized, OptInRequired,
+// RequestExpired, ThrottlingException, ServiceUnavailable,
+// InternalFailure), plus those the SDK and IAM report for credentials.
+var outageCodes = map[string]bool{
+	"RequestThrottled": true, "ThrottlingException": true, "Throttling": true, "TooManyRequestsException": true,
+	"KmsThrottled": true, "KmsAccessDenied": true, "KmsDisabled": true, "KmsInvalidKeyUsage": true,
+	"KmsInvalidState": true, "KmsNotFound": true, "KmsOptInRequired": true,
+	"QueueDoesNotExist": true, "AWS.SimpleQueueService.NonExistentQueue": true, "NonExistentQueue": true,
+	"InvalidAddress": true, "InvalidSecurity": true,
+	"UnsupportedOperation": true, "AWS.SimpleQueueService.UnsupportedOperation": true,
+	"AccessDenied": true, "AccessDeniedException": true, "IncompleteSignature": true,
+	"InvalidClientTokenId": true, "MissingAuthenticationToken": true, "NotAuthorized": true,
+	"OptInRequired": true, "RequestExpired": true, "ExpiredToken": true, "ExpiredTokenException": true,
+	"SignatureDoesNotMatch": true, "UnrecognizedClientException": true, "InvalidAccessKeyId": true,
+	"ServiceUnavailable": true, "InternalFailure": true, "InternalError": true, "RequestTimeout": true,
+}
+
+// refusedCall reports whether err, the error of a whole SendMessageBatch
+// call, is a refusal of what the call carried (its messages' fault): an
+// HTTP 4xx answer other than 401, 403, 408 and 429 whose code is not in
+// outageCodes, e.g. InvalidMessageContents, InvalidParameterValue,
+// BatchRequestTooLong or ElasticMQ's InvalidAction for a body its JSON
+// parser refuses. Anything else is an outage: no answer (connection,
+// timeout, ctx), HTTP 5xx (after the SDK's retries), throttling,
+// authentication and authorisation, a missing queue.
+func refusedCall(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var re *awshttp.ResponseError
+	if !errors.As(err, &re) {
+		return false // no HTTP answer
+	}
+	switch st := re.HTTPStatusCode(); {
+	case st < 400 || st >= 500, st == http.StatusUnauthorized, st == http.StatusForbidden,
+		st == http.StatusRequestTimeout, st == http.StatusTooManyRequests:
+		return false
+	}
+	return !outageCodes[apiCode(err)]
 }

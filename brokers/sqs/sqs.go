@@ -100,9 +100,19 @@ func (qi *queueInfo) urls() (string, string) {
 var _ broker.Broker = (*Broker)(nil)
 
 // New connects to SQS and checks that the endpoint answers (ListQueues).
-// It returns an error when it cannot be reached within ctx.
+// It returns an error when it cannot be reached within ctx; an error
+// wrapping broker.ErrInvalidConfig, before any request, for a Config that
+// Validate refuses; and one wrapping broker.ErrRefused, with the server's
+// words, when the server refuses the credentials or the signature
+// (InvalidClientTokenId, UnrecognizedClientException,
+// SignatureDoesNotMatch, AccessDenied..., or an HTTP 401 or 403 answer).
+// ElasticMQ accepts any credentials, so only AWS (and emulators that check
+// them) refuse.
 func New(ctx context.Context, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	// The HTTP client's timeout outlasts the long poll (WaitTimeSeconds).
 	hc := awshttp.NewBuildableClient().WithTimeout(cfg.WaitTime + 15*time.Second)
 	opts := []func(*awsconfig.LoadOptions) error{
@@ -133,6 +143,9 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		}
 	})
 	if _, err := client.ListQueues(ctx, &sqs.ListQueuesInput{MaxResults: aws.Int32(1)}); err != nil {
+		if credentialRefusal(err) {
+			return nil, fmt.Errorf("sqs: connect %s: %w: %w", endpointName(cfg), broker.ErrRefused, err)
+		}
 		return nil, fmt.Errorf("sqs: connect %s: %w", endpointName(cfg), err)
 	}
 	bctx, cancel := context.WithCancel(context.Background())
@@ -141,6 +154,33 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		topos: map[string]broker.Topology{}, queues: map[string]*queueInfo{},
 		subs: map[*subscription]struct{}{}, open: map[*delivery]struct{}{},
 	}, nil
+}
+
+// refusalCodes are the AWS error codes of credentials or a signature the
+// server refuses (AWS SQS API reference, "Common Errors"; the JSON
+// protocol's UnrecognizedClientException).
+var refusalCodes = map[string]bool{
+	"InvalidClientTokenId": true, "UnrecognizedClientException": true, "SignatureDoesNotMatch": true,
+	"IncompleteSignature": true, "MissingAuthenticationToken": true, "InvalidSecurity": true,
+	"AccessDenied": true, "AccessDeniedException": true, "AuthFailure": true, "InvalidAccessKeyId": true,
+}
+
+// credentialRefusal reports whether err, from a request, is the server
+// refusing the credentials: one of refusalCodes, or an HTTP 401 or 403
+// answer other than an expired token or request (which fresh credentials
+// from the SDK's chain or a new request can cure).
+func credentialRefusal(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		if refusalCodes[ae.ErrorCode()] {
+			return true
+		}
+		if c := ae.ErrorCode(); c == "ExpiredToken" || c == "RequestExpired" {
+			return false
+		}
+	}
+	var re *awshttp.ResponseError
+	return errors.As(err, &re) && (re.HTTPStatusCode() == 401 || re.HTTPStatusCode() == 403)
 }
 
 // localEndpoint reports whether endpoint is on loopback.
@@ -495,4 +535,84 @@ func visibilitySeconds(d time.Duration) int32 {
 		d = MaxVisibility
 	}
 	return int32((d + time.Second - 1) / time.Second)
+}
+
+var _ broker.LimitReporter = (*Broker)(nil)
+
+// Limits implements broker.LimitReporter for a declared queue, without
+// I/O: Declare made sure the queue's RedrivePolicy and
+// MessageRetentionPeriod on the server are the ones ferry declares (else
+// it failed with broker.ErrTopologyMismatch). DeliveryLimit is
+// Config.MaxReceiveCount (SQS moves a message to the DLQ itself once it
+// was received that many times, and every attempt is a receive);
+// MaxAckDeadline and SettleTimeout are MaxVisibility (a visibility
+// timeout of at most 12 hours, which ChangeMessageVisibility cannot extend
+// past 12 hours after the receive); Retention is the queue's
+// MessageRetentionPeriod, 14 days (a retry in place keeps the message's
+// send time). Returns broker.ErrUnknownQueue for a queue not declared on
+// this broker, broker.ErrClosed after Close.
+func (b *Broker) Limits(ctx context.Context, queue string) (broker.Limits, error) {
+	if err := b.check(); err != nil {
+		return broker.Limits{}, err
+	}
+	b.mu.Lock()
+	qi, ok := b.queues[queue]
+	b.mu.Unlock()
+	if !ok || !qi.declared {
+		return broker.Limits{}, fmt.Errorf("%w: %s was not declared on this broker", broker.ErrUnknownQueue, queue)
+	}
+	ret, _ := strconv.Atoi(retention)
+	return broker.Limits{
+		DeliveryLimit:         b.cfg.MaxReceiveCount,
+		DeliveryLimitSetting:  fmt.Sprintf("sqs.Config.MaxReceiveCount (maxReceiveCount of the RedrivePolicy of SQS queue %q)", qi.name),
+		MaxAckDeadline:        MaxVisibility,
+		MaxAckDeadlineSetting: "SQS's longest visibility timeout (12h)",
+		SettleTimeout:         MaxVisibility,
+		SettleTimeoutSetting:  "SQS's visibility limit (no receive stays hidden past 12h)",
+		Retention:             time.Duration(ret) * time.Second,
+		RetentionSetting:      fmt.Sprintf("the MessageRetentionPeriod of SQS queue %q (the maximum, set by ferry)", qi.name),
+	}, nil
+}
+
+var _ broker.BacklogReporter = (*Broker)(nil)
+
+// Backlog implements broker.BacklogReporter: ApproximateNumberOfMessages
+// plus ...NotVisible (in flight, or waiting for a retry's delay) plus
+// ...Delayed of the work queue, and its MessageRetentionPeriod (14 days;
+// SQS deletes a message that old, received or not). OldestAge is 0: SQS
+// reports the age of the oldest message only as the CloudWatch metric
+// ApproximateAgeOfOldestMessage, not through GetQueueAttributes; alarm on
+// that metric against the retention.
+func (b *Broker) Backlog(ctx context.Context, queue string) (broker.Backlog, error) {
+	var bl broker.Backlog
+	if err := b.check(); err != nil {
+		return bl, err
+	}
+	b.mu.Lock()
+	qi, ok := b.queues[queue]
+	b.mu.Unlock()
+	if !ok || !qi.declared {
+		return bl, fmt.Errorf("%w: %s was not declared on this broker", broker.ErrUnknownQueue, queue)
+	}
+	url, _ := qi.urls()
+	if _, has := ctx.Deadline(); !has {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.cfg.PublishTimeout)
+		defer cancel()
+	}
+	out, err := b.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
+	if err != nil {
+		return bl, fmt.Errorf("sqs: backlog of %s: read attributes of %s: %w", queue, qi.name, err)
+	}
+	for _, a := range []string{"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed"} {
+		n, _ := strconv.ParseInt(out.Attributes[a], 10, 64)
+		bl.Messages += n
+	}
+	secs, err := strconv.Atoi(out.Attributes["MessageRetentionPeriod"])
+	if err != nil { // not reported (ElasticMQ 1.6.11): what Declare set
+		secs, _ = strconv.Atoi(retention)
+	}
+	bl.Retention = time.Duration(secs) * time.Second
+	return bl, nil
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # services.sh - run the servers ferry's CLI and tests talk to, on loopback,
 # without Docker: PostgreSQL, RabbitMQ (+ management), Mailpit (SMTP + HTTP
-# API), nats-server with JetStream, Apache Kafka (KRaft, one JVM) and
-# ElasticMQ (an SQS-compatible server on Java 17).
+# API), nats-server with JetStream, Apache Kafka (KRaft, one JVM),
+# ElasticMQ (an SQS-compatible server on Java 17) and moto's standalone
+# server (a second SQS implementation, Python, in memory).
 #
 #   compose/local/services.sh up     [NAME...]  install what is missing, start, provision
 #   compose/local/services.sh down   [NAME...]  stop and forget the chosen ports
@@ -14,7 +15,7 @@
 #   compose/local/services.sh reset  [NAME...]  stop and delete data, logs and ports
 #   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
 #
-# NAME is one of: postgres rabbitmq smtp nats kafka sqs (none = all).
+# NAME is one of: postgres rabbitmq smtp nats kafka sqs moto (none = all).
 #
 # State (data, logs, pid files, chosen ports) lives in compose/local/.state/
 # (git-ignored; override with FERRY_STATE_DIR); `reset` deletes it, to start
@@ -26,7 +27,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE=${FERRY_STATE_DIR:-$HERE/.state}
-ALL=(postgres rabbitmq smtp nats kafka sqs)
+ALL=(postgres rabbitmq smtp nats kafka sqs moto)
 
 NATS_MODULE=github.com/nats-io/nats-server/v2
 NATS_VERSION=v2.15.2
@@ -38,6 +39,7 @@ SLF4J_VERSION=1.7.36
 ELASTICMQ_ARTIFACT=org.elasticmq:elasticmq-server_2.13
 ELASTICMQ_VERSION=1.6.11
 ELASTICMQ_XMX=${FERRY_ELASTICMQ_XMX:-256m}
+MOTO_VERSION=5.1.22
 
 # Default ports: the CLI's defaults.
 DEF_PG=5432
@@ -51,6 +53,7 @@ DEF_NATS_HTTP=8222
 DEF_KAFKA=9092
 DEF_KAFKA_CONTROLLER=9093
 DEF_SQS=9324
+DEF_MOTO=9325
 
 RMQ_BIN=/usr/lib/rabbitmq/bin
 START_TIMEOUT=${FERRY_SERVICES_TIMEOUT:-180} # seconds to wait for a server to be ready
@@ -336,6 +339,7 @@ ensure_packages() {
 			java_ok || pkgs+=(openjdk-17-jre-headless)
 			command -v mvn >/dev/null || pkgs+=(maven)
 			;;
+		moto) python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv) ;;
 		esac
 	done
 	[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
@@ -1089,6 +1093,71 @@ env_sqs() {
 	echo "export AWS_SECRET_ACCESS_KEY=ferry"
 }
 
+# ------------------------------------------------------------ moto (second SQS server)
+
+MOTO_DIR=$STATE/moto
+MOTO_PIDFILE=$STATE/moto.pid
+
+# moto_venv: install moto[server] $MOTO_VERSION with pip into a virtual
+# environment under $MOTO_DIR (first time only, or when the version
+# changes).
+moto_venv() {
+	local venv=$MOTO_DIR/venv stamp=$MOTO_DIR/venv/.version
+	if [ "$(cat "$stamp" 2>/dev/null)" = "$MOTO_VERSION" ] && [ -x "$venv/bin/moto_server" ]; then return 0; fi
+	command -v python3 >/dev/null || die "moto: Python 3 is needed (run: $0 up moto)"
+	say "moto: pip install moto[server]==$MOTO_VERSION into $venv (first time only)"
+	rm -rf "$venv"
+	mkdir -p "$MOTO_DIR"
+	{ python3 -m venv "$venv" && "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION"; } </dev/null >"$MOTO_DIR/pip.log" 2>&1 ||
+		fail_start moto "$MOTO_DIR/pip.log" "pip install moto[server]==$MOTO_VERSION failed"
+	[ -x "$venv/bin/moto_server" ] || fail_start moto "$MOTO_DIR/pip.log" "pip did not install moto_server"
+	echo "$MOTO_VERSION" >"$stamp"
+}
+
+moto_pid() {
+	local pid
+	pid=$(pidfile_pid "$MOTO_PIDFILE")
+	pid_alive "$pid" && grep -qaF -- "$MOTO_DIR/venv/" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+# moto_ready: ListQueues (the query protocol) answers 200.
+moto_ready() {
+	tcp_ok "$(saved_port moto)" && [ "$(http_status "$(saved_port moto)" "/?Action=ListQueues")" = 200 ]
+}
+
+# moto keeps everything in memory: a stop loses its queues and messages.
+start_moto() {
+	moto_venv
+	if [ -n "$(moto_pid)" ]; then
+		if moto_ready; then
+			say "moto: already running on 127.0.0.1:$(saved_port moto)"
+			return 0
+		fi
+	else
+		local port
+		port=$(choose_port moto $DEF_MOTO)
+		say "moto: starting moto_server $MOTO_VERSION on 127.0.0.1:$port"
+		spawn moto "$MOTO_PIDFILE" "$STATE/moto.log" "$MOTO_DIR/venv/bin/moto_server" -H 127.0.0.1 -p "$port"
+	fi
+	wait_ready moto "moto_server"
+}
+
+stop_moto() { stop_if_running moto "$(moto_pid)"; }
+
+status_moto() {
+	local pid
+	pid=$(moto_pid)
+	if [ -n "$pid" ]; then
+		echo "running  pid $pid  http://127.0.0.1:$(saved_port moto)  (moto $MOTO_VERSION, in memory)"
+	else
+		echo "stopped"
+	fi
+}
+
+# The same static credentials and region as env_sqs.
+env_moto() { echo "export FERRY_SQS_MOTO_ENDPOINT=http://127.0.0.1:$(saved_port moto)"; }
+
 # ------------------------------------------------------------ reset
 
 # reset_NAME: forget a stopped server's data, ports and logs.
@@ -1102,6 +1171,8 @@ reset_nats() { rm -rf "$STATE/nats" "$STATE/nats.log" "$NATS_PIDFILE" "$STATE"/p
 reset_kafka() { rm -rf "$KAFKA_DIR" "$STATE/kafka.log" "$KAFKA_PIDFILE" "$STATE"/ports/kafka*; }
 # The fetched jars (lib/) are kept: they are not data.
 reset_sqs() { rm -rf "$SQS_DIR/data" "$SQS_DIR/elasticmq.conf" "$STATE/sqs.log" "$SQS_PIDFILE" "$STATE"/ports/sqs*; }
+# The virtual environment (venv/) is kept: it is not data.
+reset_moto() { rm -rf "$STATE/moto.log" "$MOTO_PIDFILE" "$STATE/ports/moto"; }
 
 # ------------------------------------------------------------ main
 
@@ -1113,6 +1184,7 @@ running() { # NAME: true if the server's process is alive
 	nats) [ -n "$(nats_pid)" ] ;;
 	kafka) [ -n "$(kafka_pid)" ] ;;
 	sqs) [ -n "$(sqs_pid)" ] ;;
+	moto) [ -n "$(moto_pid)" ] ;;
 	esac
 }
 
@@ -1135,7 +1207,7 @@ names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${ALL[@]}")
 for n in "${names[@]}"; do
 	case $n in
-	postgres | rabbitmq | smtp | nats | kafka | sqs) ;;
+	postgres | rabbitmq | smtp | nats | kafka | sqs | moto) ;;
 	*) die "unknown service '$n' (known: ${ALL[*]})" ;;
 	esac
 done
@@ -1162,6 +1234,7 @@ down)
 		nats) rm -f "$STATE/ports/nats" "$STATE/ports/nats-monitor" ;;
 		kafka) rm -f "$STATE/ports/kafka" "$STATE/ports/kafka-controller" ;;
 		sqs) rm -f "$STATE/ports/sqs" ;;
+		moto) rm -f "$STATE/ports/moto" ;;
 		esac
 	done
 	;;

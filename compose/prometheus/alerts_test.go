@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/ferrymq/ferry/alert"
+	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/metrics"
 )
 
@@ -71,8 +72,10 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 	known := map[string]bool{
 		metrics.OutboxUnprocessedRows: true, metrics.OutboxOldestAgeSeconds: true,
 		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true,
-		metrics.WorkerMessagesTotal: true,
+		metrics.WorkerMessagesTotal: true, metrics.WorkerSettleFailures: true,
+		metrics.QueueOldestAgeSeconds: true, metrics.QueueRetentionSeconds: true, metrics.QueueMessages: true,
 	}
+	ops := []string{string(broker.SettleAck), string(broker.SettleRetry), string(broker.SettleDeadLetter), string(broker.SettleExtend)}
 	outcomes := []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate, metrics.OutcomeUnsettled}
 	p := parser.NewParser(parser.Options{})
 	for name, r := range parseRules(t) {
@@ -90,6 +93,12 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 				if m.Name == metrics.OutcomeLabel {
 					require.True(t, slices.Contains(outcomes, m.Value), "%s: outcome %q", name, m.Value)
 				}
+				if m.Name == metrics.OpLabel {
+					require.True(t, slices.Contains(ops, m.Value), "%s: op %q", name, m.Value)
+				}
+				if m.Name == metrics.ReasonLabel {
+					require.True(t, slices.Contains(broker.SettleReasons, m.Value), "%s: reason %q", name, m.Value)
+				}
 			}
 			return nil
 		})
@@ -97,6 +106,20 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 		require.NotEmpty(t, r.Labels["severity"], name)
 		require.NotEmpty(t, r.Annotations["summary"], name)
 	}
+}
+
+// TestSettleFailureRules: settle failures page (issue 16, item 4):
+// sustained failures of any settlement, and any failed dead-lettering.
+func TestSettleFailureRules(t *testing.T) {
+	t.Parallel()
+	rules := parseRules(t)
+	for _, name := range []string{"FerryWorkerSettleFailures", "FerryWorkerDeadLetterFailing"} {
+		r, ok := rules[name]
+		require.True(t, ok, "rule %s missing", name)
+		require.Contains(t, r.Expr, metrics.WorkerSettleFailures, name)
+		require.Contains(t, r.Annotations["summary"], "{{ $labels.broker }}", name)
+	}
+	require.Contains(t, rules["FerryWorkerSettleFailures"].Expr, "by (broker, op, reason)")
 }
 
 // TestScrapeConfigLoadsTheRules: prometheus.yml is YAML with only keys
@@ -151,4 +174,44 @@ func TestScrapeConfigLoadsTheRules(t *testing.T) {
 	require.Len(t, job.RelabelConfigs, 1)
 	require.Equal(t, []string{"__meta_dns_name"}, job.RelabelConfigs[0].SourceLabels)
 	require.Equal(t, "role", job.RelabelConfigs[0].TargetLabel)
+}
+
+// TestQueueNearRetentionRule: the rule compares the two backlog gauges of
+// package metrics per broker and queue, ignores queues without a
+// retention (0: kept until consumed) and fires at half of it, so that an
+// operator hears of a backlog before Kafka's retention (or a JetStream
+// MaxAge) deletes unread messages, which no DLQ sees.
+func TestQueueNearRetentionRule(t *testing.T) {
+	t.Parallel()
+	r, ok := parseRules(t)["FerryQueueNearRetention"]
+	require.True(t, ok)
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
+	require.NoError(t, err)
+	cmp, ok := expr.(*parser.BinaryExpr)
+	require.True(t, ok, "a comparison, got %T", expr)
+	require.Equal(t, ">", cmp.Op.String())
+	require.Equal(t, 0.5, cmp.RHS.(*parser.NumberLiteral).Val)
+	agg, ok := cmp.LHS.(*parser.AggregateExpr)
+	require.True(t, ok)
+	require.ElementsMatch(t, []string{metrics.BrokerLabel, metrics.QueueLabel}, agg.Grouping)
+	div, ok := unparen(agg.Expr).(*parser.BinaryExpr)
+	require.True(t, ok)
+	require.Equal(t, "/", div.Op.String())
+	require.Equal(t, metrics.QueueOldestAgeSeconds, div.LHS.(*parser.VectorSelector).Name)
+	filter, ok := unparen(div.RHS).(*parser.BinaryExpr)
+	require.True(t, ok, "the retention is filtered to > 0")
+	require.Equal(t, ">", filter.Op.String())
+	require.Equal(t, metrics.QueueRetentionSeconds, filter.LHS.(*parser.VectorSelector).Name)
+	require.Equal(t, 0.0, filter.RHS.(*parser.NumberLiteral).Val)
+	require.Equal(t, "critical", r.Labels["severity"])
+}
+
+func unparen(e parser.Expr) parser.Expr {
+	for {
+		p, ok := e.(*parser.ParenExpr)
+		if !ok {
+			return e
+		}
+		e = p.Expr
+	}
 }

@@ -315,3 +315,16 @@ func Services(t testing.TB, args ...string) {
 		t.Fatalf("testenv: services.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
+
+// ClosedPort returns "127.0.0.1:N" for a loopback port that was free a
+// moment ago and has nothing listening: connecting to it is refused.
+func ClosedPort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: listen: %v", err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}

@@ -195,8 +195,10 @@ func testAttemptRecordClearedOnSuccess(t *testing.T, s suite) {
 }
 
 // testLostAck: the handler succeeded and committed, the Ack was lost. The
-// outcome is still "ack" (the work is done), the redelivery is acked as a
-// duplicate without running the handler, and no attempt record is left.
+// outcome is "unsettled", not "ack" (outcomes count what the broker took),
+// the failure is reported once to OnSettleFailure, the redelivery is acked
+// as a duplicate without running the handler, and no attempt record is
+// left.
 func testLostAck(t *testing.T, s suite) {
 	f := setup(t, s, 1)
 	out := newOutcomes()
@@ -206,12 +208,14 @@ func testLostAck(t *testing.T, s suite) {
 		return recordSideEffect(ctx, tx, "lostack", msg)
 	}
 	var failDead atomic.Int32
+	fails := &SettleFailures{}
 	f.publish(t, f.msg("6"))
 	for round, failAck := range []bool{true, false} {
 		b := s.newBroker(t)
 		cfg := f.config("lostack", f.queue, handler)
 		cfg.Broker = &lossyBroker{Broker: b, failDead: &failDead, failAck: failAck}
 		cfg.OnOutcome = out.hook
+		cfg.OnSettleFailure = fails.Hook
 		cfg.AckDeadline = 2 * time.Second
 		before := len(out.snapshot())
 		stop := start(t, cfg)
@@ -227,7 +231,11 @@ func testLostAck(t *testing.T, s suite) {
 	for _, r := range out.snapshot() {
 		got = append(got, r.outcome)
 	}
-	require.Equal(t, []worker.Outcome{worker.OutcomeAck, worker.OutcomeDuplicate}, got)
+	require.Equal(t, []worker.Outcome{worker.OutcomeUnsettled, worker.OutcomeDuplicate}, got)
+	acks := fails.Snapshot(broker.SettleAck)
+	require.Len(t, acks, 1, "the lost Ack is reported once")
+	require.ErrorIs(t, acks[0].Err, errLostSettle)
+	require.Equal(t, broker.ReasonOther, acks[0].Reason)
 	require.Equal(t, int32(1), calls.Load(), "the redelivery after a lost Ack does not run the handler")
 	require.Equal(t, 1, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = '6'`))
 	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM `+worker.AttemptsTable))

@@ -71,6 +71,7 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 	t.Run("LostSettlementsKeepAttempts", func(t *testing.T) { testLostSettlements(t, s) })
 	t.Run("AttemptRecordClearedOnSuccess", func(t *testing.T) { testAttemptRecordClearedOnSuccess(t, s) })
 	t.Run("LostAckIsDuplicateNotRetry", func(t *testing.T) { testLostAck(t, s) })
+	t.Run("SettleFailuresCountedNotAcked", func(t *testing.T) { testSettleFailuresCounted(t, s) })
 	t.Run("PermanentGoesToDLQAtOnce", func(t *testing.T) { testPermanent(t, s) })
 	t.Run("TwoConsumersEachOnce", func(t *testing.T) { testTwoConsumers(t, s) })
 	t.Run("ErrorRollsBackThenRetrySucceeds", func(t *testing.T) { testRollbackThenSuccess(t, s) })

@@ -63,7 +63,7 @@ func benchChildCommand() *cli.Command {
 			&cli.StringFlag{Name: flagBroker, Required: true, Usage: "broker name"},
 			&cli.StringFlag{Name: flagExchange, Required: true, Usage: "the scenario's exchange"},
 			&cli.IntFlag{Name: flagWorkers, Value: 20, Usage: "worker concurrency"},
-		}, logFlags()),
+		}, logFlags("warn")),
 		Action: func(c *cli.Context) error {
 			log, err := newLogger(c, "warn")
 			if err != nil {
@@ -133,7 +133,10 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
 			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
 			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
-		}, benchBrokerFlags(), dataDirFlags(), logFlags()),
+		}, benchBrokerFlags(), []cli.Flag{
+			&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Category: catProcess,
+				Usage: "folder for the data of the embedded PostgreSQL and NATS server", DefaultText: "a temporary folder removed at exit"},
+		}, logFlags("warn")),
 		Action: runBench,
 	}
 }

@@ -51,17 +51,117 @@ type BrokerFunc func(ctx context.Context, o BrokerOptions) (broker.Broker, error
 // range over it, so a broker added here is tested end to end.
 var Brokers = map[string]BrokerFunc{
 	"rabbitmq": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
-		return rabbitmq.New(ctx, rabbitmq.Config{URL: o.RabbitMQURL, QueueType: o.RabbitMQQueueType, Logger: o.Logger})
+		return rabbitmq.New(ctx, rabbitConfig(o))
 	},
 	"nats": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
-		return nats.New(ctx, nats.Config{URL: o.NATSURL, LookupExchange: o.LookupExchange, Logger: o.Logger})
+		return nats.New(ctx, natsConfig(o))
 	},
 	"kafka": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
-		return kafka.New(ctx, kafka.Config{Brokers: o.KafkaBrokers, Logger: o.Logger})
+		return kafka.New(ctx, kafkaConfig(o))
 	},
 	"sqs": func(ctx context.Context, o BrokerOptions) (broker.Broker, error) {
-		return sqs.New(ctx, sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, LookupExchange: o.LookupExchange, Logger: o.Logger})
+		return sqs.New(ctx, sqsConfig(o))
 	},
+}
+
+func rabbitConfig(o BrokerOptions) rabbitmq.Config {
+	return rabbitmq.Config{URL: o.RabbitMQURL, QueueType: o.RabbitMQQueueType, Logger: o.Logger}
+}
+
+func natsConfig(o BrokerOptions) nats.Config {
+	return nats.Config{URL: o.NATSURL, LookupExchange: o.LookupExchange, Logger: o.Logger}
+}
+
+func kafkaConfig(o BrokerOptions) kafka.Config {
+	return kafka.Config{Brokers: o.KafkaBrokers, Logger: o.Logger}
+}
+
+func sqsConfig(o BrokerOptions) sqs.Config {
+	return sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, LookupExchange: o.LookupExchange, Logger: o.Logger}
+}
+
+// brokerChecks validates, per --broker name, the adapter's Config built
+// from the flags as Brokers builds it, without any network access.
+var brokerChecks = map[string]func(BrokerOptions) error{
+	"rabbitmq": func(o BrokerOptions) error { return rabbitConfig(o).Validate() },
+	"nats":     func(o BrokerOptions) error { return natsConfig(o).Validate() },
+	"kafka":    func(o BrokerOptions) error { return kafkaConfig(o).Validate() },
+	"sqs":      func(o BrokerOptions) error { return sqsConfig(o).Validate() },
+}
+
+// configFlags names, per broker and adapter Config field, the flag the
+// field comes from (brokerError).
+var configFlags = map[string]map[string]string{
+	"rabbitmq": {"URL": flagRabbitMQURL, "QueueType": flagRabbitQueueType},
+	"nats":     {"URL": flagNATSURL, "LookupExchange": flagExchange},
+	"kafka":    {"Brokers": flagKafkaBrokers},
+	"sqs":      {"Endpoint": flagSQSEndpoint, "Region": flagAWSRegion, "LookupExchange": flagExchange},
+}
+
+// addressFlags names each broker's address flag, and what to check when
+// the server refuses the connection (broker.ErrRefused).
+var addressFlags = map[string]struct{ flag, hint string }{
+	"rabbitmq": {flagRabbitMQURL, "check the user, password and vhost in the URL, and the user's permissions"},
+	"nats":     {flagNATSURL, "check the user and password (or token) in the URL"},
+	"kafka":    {flagKafkaBrokers, "check the addresses"},
+	"sqs":      {flagSQSEndpoint, "check the AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and --" + flagAWSRegion},
+}
+
+// checkBroker validates the flags of the broker named name (see
+// brokerChecks) and returns brokerError's usage error for a flag the
+// adapter refuses, nil for an unknown name (lookupBroker reports it).
+func checkBroker(name string, o BrokerOptions) error {
+	check, ok := brokerChecks[name]
+	if !ok {
+		return nil
+	}
+	if err := check(o); err != nil {
+		return brokerError(name, o, err)
+	}
+	return nil
+}
+
+// brokerError maps an adapter's error about its configuration or a
+// refused connection to the flag it comes from: a *broker.ConfigError
+// becomes a usage error (exit 2) naming the flag, the refused value and
+// what is wanted; broker.ErrRefused an error (exit 1) naming the address
+// flag, what to check, and the server's words. Other errors are returned
+// unchanged.
+func brokerError(name string, o BrokerOptions, err error) error {
+	var ce *broker.ConfigError
+	if errors.As(err, &ce) {
+		flag := configFlags[name][ce.Field]
+		if flag == "" {
+			return usagef("--%s %s: %v", flagBroker, name, err)
+		}
+		if ce.Value == "" {
+			return usagef("--%s: %s", flag, ce.Reason)
+		}
+		return usagef("--%s %q: %s", flag, ce.Value, ce.Reason)
+	}
+	if errors.Is(err, broker.ErrRefused) {
+		a := addressFlags[name]
+		return fmt.Errorf("ferry: --%s %s: refused by the server, not retried (%s): %w", a.flag, redactURL(brokerAddress(name, o)), a.hint, err)
+	}
+	return err
+}
+
+// brokerAddress is what the broker named name connects to, from o.
+func brokerAddress(name string, o BrokerOptions) string {
+	switch name {
+	case "rabbitmq":
+		return o.RabbitMQURL
+	case "nats":
+		return o.NATSURL
+	case "kafka":
+		return strings.Join(o.KafkaBrokers, ",")
+	case "sqs":
+		if o.SQSEndpoint == "" {
+			return "AWS SQS " + o.AWSRegion
+		}
+		return o.SQSEndpoint
+	}
+	return ""
 }
 
 // Errors of OpenBroker.
@@ -90,13 +190,27 @@ func lookupBroker(name string) (BrokerFunc, error) {
 	return nil, fmt.Errorf("%w: --broker %q: want one of: %s", ErrUnknownBroker, name, avail)
 }
 
-// OpenBroker opens the broker named name with o, once.
+// OpenBroker opens the broker named name with o, once. A flag the adapter
+// refuses and a connection the server refuses come back as brokerError
+// maps them (naming the flag; see namesFlag); other errors unchanged.
 func OpenBroker(ctx context.Context, name string, o BrokerOptions) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {
 		return nil, err
 	}
-	return f(ctx, o)
+	b, err := f(ctx, o)
+	if err != nil {
+		return nil, brokerError(name, o, err)
+	}
+	return b, nil
+}
+
+// namesFlag reports whether err, from OpenBroker or connectBroker, already
+// names the flag to fix (a usage error, a refused connection), so a
+// caller returns it as it is instead of wrapping it in "<broker> at
+// <address>".
+func namesFlag(err error) bool {
+	return errors.Is(err, ErrUsage) || errors.Is(err, broker.ErrRefused)
 }
 
 // requirements is what the notification service asks of a broker with
@@ -114,31 +228,47 @@ func requirements(t broker.Topology) broker.Requirements {
 const brokerWaitLogEvery = 5 * time.Second
 
 // connectBroker opens the broker and declares t on it, retrying with
-// backoff (0.5 s doubling to 5 s) while the broker cannot be reached, so
-// a relay or worker started before its broker waits for it. It returns
-// only a lookup error, a topology the broker refuses as unsupported or as
-// different from what it already holds (broker.ErrTopologyMismatch, e.g.
-// another --retry-delay than the queue was declared with: permanent, so
-// not retried), or ctx's error.
-func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, log *slog.Logger) (broker.Broker, error) {
+// backoff (0.5 s doubling to 5 s) while the broker cannot be reached
+// (connection refused, timeouts, DNS failures), so a relay or worker
+// started before its broker waits for it. With giveUp > 0 it stops
+// retrying after that long and returns the last error (the demo); it
+// bounds the attempts to connect, not a Declare under way. It
+// returns at once, without retrying, what waiting cannot cure
+// (broker.IsPermanent): a flag the adapter refuses (a usage error naming
+// the flag, see brokerError), a connection the server refused (wrong
+// credentials, unknown vhost), a topology the broker refuses as
+// unsupported or as different from what it already holds
+// (broker.ErrTopologyMismatch, e.g. another --retry-delay than the queue
+// was declared with); and a lookup error or ctx's error.
+func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.Topology, giveUp time.Duration, log *slog.Logger) (broker.Broker, error) {
 	f, err := lookupBroker(name)
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	backoff := 500 * time.Millisecond
 	var lastWarn time.Time
+	var lastErr error // of the last attempt that giveUp did not cut short
 	for attempt := 1; ; attempt++ {
-		b, err := f(ctx, o)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if giveUp > 0 {
+			actx, cancel = context.WithDeadline(ctx, start.Add(giveUp))
+		}
+		b, err := f(actx, o)
 		if err == nil {
 			// Refuse at start what the broker cannot honour (message
 			// size, retry delays, wildcard bindings), instead of failing
 			// on the first message.
 			if cerr := b.Capabilities().Check(requirements(t)); cerr != nil {
+				cancel()
 				_ = b.Close()
 				return nil, fmt.Errorf("ferry: %s: %w", name, cerr)
 			}
+			// Declare is bounded by ctx only: a broker that answered is
+			// given the time it takes (Kafka creating topics).
 			err = b.Declare(ctx, t)
 			if err == nil {
+				cancel()
 				if attempt > 1 {
 					log.Info("broker reachable", "broker", name)
 				}
@@ -146,22 +276,47 @@ func connectBroker(ctx context.Context, name string, o BrokerOptions, t broker.T
 			}
 			_ = b.Close()
 			if errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) {
+				cancel()
 				return nil, fmt.Errorf("ferry: %s: declare topology: %w", name, err)
 			}
 		}
+		cut := actx.Err() != nil
+		cancel()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if !cut || lastErr == nil {
+			lastErr = err
+		}
+		if broker.IsPermanent(err) {
+			return nil, brokerError(name, o, err)
+		}
+		left := time.Duration(-1)
+		if giveUp > 0 {
+			if left = giveUp - time.Since(start); left <= 0 {
+				return nil, fmt.Errorf("ferry: %s at %s: not reachable within %v (%d attempt(s)), giving up: %w",
+					name, redactURL(brokerAddress(name, o)), giveUp, attempt, lastErr)
+			}
+		}
 		// At most one line per brokerWaitLogEvery, so a long wait shows
-		// it is still trying without flooding the log.
+		// it is still trying without flooding the log. With giveUp the
+		// final error says it all: the retries are logged at INFO.
 		if time.Since(lastWarn) >= brokerWaitLogEvery {
-			log.Warn("broker not reachable; retrying", "broker", name, "attempt", attempt, "error", err)
+			lvl := slog.LevelWarn
+			if giveUp > 0 {
+				lvl = slog.LevelInfo
+			}
+			log.Log(ctx, lvl, "broker not reachable; retrying", "broker", name, "attempt", attempt, "error", err)
 			lastWarn = time.Now()
+		}
+		wait := backoff
+		if left >= 0 && left < wait {
+			wait = left
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}

@@ -45,7 +45,7 @@ func TestConnectBrokerTopologyMismatch(t *testing.T) {
 	opts := BrokerOptions{RabbitMQURL: testenv.RabbitMQURL(), Logger: log}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := connectBroker(ctx, "rabbitmq", opts, tp, log)
+	b, err := connectBroker(ctx, "rabbitmq", opts, tp, 0, log)
 	require.NoError(t, err)
 	b.Close()
 
@@ -53,7 +53,7 @@ func TestConnectBrokerTopologyMismatch(t *testing.T) {
 	changed.Queues = []broker.Queue{tp.Queues[0]}
 	changed.Queues[0].RetryDelays = []time.Duration{200 * time.Millisecond}
 	start := time.Now()
-	_, err = connectBroker(ctx, "rabbitmq", opts, changed, log)
+	_, err = connectBroker(ctx, "rabbitmq", opts, changed, 0, log)
 	require.ErrorIs(t, err, broker.ErrTopologyMismatch)
 	require.Less(t, time.Since(start), 10*time.Second, "not retried until ctx ends")
 	msg := fmt.Sprint(err)

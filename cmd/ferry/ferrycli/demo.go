@@ -33,6 +33,11 @@ import (
 //go:embed sample.ndjson
 var sampleNDJSON []byte
 
+// demoBrokerWait is how long the demo waits for an unreachable broker
+// (connection refused, timeouts, DNS failures) before it fails with the
+// broker's last error. A refused login or a malformed flag fails at once.
+const demoBrokerWait = 10 * time.Second
+
 const (
 	flagFile    = "file"
 	flagTimeout = "timeout"
@@ -45,9 +50,10 @@ func demoCommand() *cli.Command {
 		Usage: "run api, relay and worker, post every line of --file (or a built-in sample) to the API, wait until each accepted notification is sent or dead, and print a summary",
 		Description: "Without --database-url, --broker/--nats-url and --smtp-addr, demo starts embedded PostgreSQL,\n" +
 			"NATS JetStream and an SMTP sink in its own process. Its API accepts nothing before the\n" +
-			"topology is declared on the broker. It exits 0 only when every accepted notification\n" +
-			"reached a final state (sent or dead).",
-		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), logFlags(), []cli.Flag{
+			"topology is declared on the broker; a broker it cannot reach stops it after 10s with the\n" +
+			"broker's last error. It exits 0 only when every accepted notification reached a final\n" +
+			"state (sent or dead).",
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), destinationFlags(), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), logFlags("warn"), []cli.Flag{
 			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
 			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},
 			&cli.IntFlag{Name: flagClients, Value: 8, EnvVars: env("demo-clients"), Usage: "concurrent HTTP clients posting the lines"},
@@ -111,6 +117,9 @@ func runDemo(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkBrokerFlags(c, s, true); err != nil {
+		return err
+	}
 	out := c.App.Writer
 	ctx := c.Context
 
@@ -139,6 +148,9 @@ func runDemo(c *cli.Context) error {
 	// topology: a broker that refuses it (a queue of another type, other
 	// retry delays) stops the demo before anything is accepted.
 	st.apiAfterBroker = true
+	// A broker that stays unreachable fails the demo within seconds, with
+	// its own words, instead of after the whole --timeout.
+	st.brokerGiveUp = demoBrokerWait
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runErr := make(chan error, 1)

@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os/user"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 )
 
@@ -31,23 +31,27 @@ func formatFlag() cli.Flag {
 	return &cli.StringFlag{Name: flagFormat, Value: "table", EnvVars: env(flagFormat), Usage: "output format: table or json"}
 }
 
-// dlqFlags are the flags every dlq subcommand takes: the broker and the
-// queue whose DLQ it reads. The dlq commands declare nothing, so
-// --retry-delay does not matter to them: it is still accepted (hidden), so
-// that one set of flags or FERRY_* variables serves every command.
-func dlqFlags() []cli.Flag {
-	var flags []cli.Flag
-	for _, f := range brokerFlags() {
-		switch {
-		case slices.Contains(f.Names(), flagRetryDelay):
-			f = &cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay), Hidden: true, Usage: "ignored: the dlq commands declare nothing"}
-		case slices.Contains(f.Names(), flagExchange):
-			f = &cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange),
-				Usage: "NATS and SQS: the exchange of --queue (NATS: its stream; SQS: the <exchange>__ prefix of its queue names); when not given, every exchange on the server is searched for the queue. RabbitMQ and Kafka: not needed (the DLQ is named after the queue alone)"}
-		}
-		flags = append(flags, f)
+// dlqFlags are the flags every dlq subcommand takes: the broker, the queue
+// whose DLQ it reads, and where to look for it (--exchange); the log level
+// when --log-level is not given is logLevel. The dlq commands declare
+// nothing, so they take no --retry-delay; only list reads
+// --rabbitmq-queue-type (withQueueType).
+func dlqFlags(logLevel string, withQueueType bool) []cli.Flag {
+	broker := brokerFlags(false, "RabbitMQ queue type of the DLQ: classic or quorum (a quorum queue is read whole, to list it oldest first) (--broker rabbitmq)")
+	if !withQueueType {
+		broker = without(broker, flagRabbitQueueType)
 	}
-	return concat(flags, logFlags())
+	return concat(broker,
+		[]cli.Flag{
+			&cli.StringFlag{Name: flagExchange, EnvVars: env(flagExchange), Category: catTopology,
+				Usage: "NATS and SQS: the exchange of --queue (NATS: its stream; SQS: the <exchange>__ prefix of its queue names); when not given, every exchange on the server is searched for the queue. RabbitMQ and Kafka: not needed (the DLQ is named after the queue alone)"},
+			queueFlag(),
+		}, logFlags(logLevel))
+}
+
+// queueFlag is --queue for the commands that act on one queue.
+func queueFlag() cli.Flag {
+	return &cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Category: catTopology, Usage: "work queue; its DLQ is <queue>.dlq"}
 }
 
 func selectFlags() []cli.Flag {
@@ -65,7 +69,7 @@ func dlqCommand() *cli.Command {
 			{
 				Name:  "list",
 				Usage: "list dead messages, oldest first: ID, application id, type, attempts, last error, first failure; says how many there are in all",
-				Flags: concat(dlqFlags(), []cli.Flag{
+				Flags: concat(dlqFlags("warn", true), []cli.Flag{
 					&cli.IntFlag{Name: flagLimit, Value: 100, Usage: "list at most this many (0: all); the total is counted either way"},
 					&cli.StringFlag{Name: flagErrorContains, Usage: "only messages whose last error contains this text (case-insensitive)"},
 					&cli.StringSliceFlag{Name: flagAppID, Usage: "only messages with this application id (x-app-id, e.g. the notification id; repeatable, or comma-separated)"},
@@ -76,13 +80,13 @@ func dlqCommand() *cli.Command {
 			{
 				Name:   "replay",
 				Usage:  "move dead messages back to the work queue with their retry count reset (--id ID... or --all)",
-				Flags:  concat(dlqFlags(), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
+				Flags:  concat(dlqFlags("info", false), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagDryRun, Usage: "only show what would be replayed"}}),
 				Action: dlqReplay,
 			},
 			{
 				Name:   "purge",
 				Usage:  "delete dead messages for good (--id ID... or --all, and --yes)",
-				Flags:  concat(dlqFlags(), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
+				Flags:  concat(dlqFlags("info", false), selectFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
 				Action: dlqPurge,
 			},
 		},
@@ -108,6 +112,9 @@ func openDLQ(c *cli.Context, s *settings, log *slog.Logger) (broker.Broker, brok
 	opts.LookupExchange, opts.Logger = lookup, log
 	b, err := OpenBroker(c.Context, s.broker, opts)
 	if err != nil {
+		if namesFlag(err) {
+			return nil, nil, err
+		}
 		return nil, nil, fmt.Errorf("ferry: dlq: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)
 	}
 	d, err := b.DLQ(s.queue)
@@ -252,7 +259,7 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	for _, m := range msgs {
 		j := deadJSON{
 			ID: m.Message.ID, AppID: m.Message.Headers[broker.HeaderAppID], Type: m.Message.Type, Key: m.Message.Key, Attempts: m.Message.Attempt,
-			LastError: m.LastError, FirstFailedAt: timePtr(m.FirstFailedAt), DeadAt: timePtr(m.DeadAt),
+			LastError: m.LastError, FirstFailedAt: timePtr(firstFailed(m)), DeadAt: timePtr(m.DeadAt),
 			Headers: m.Message.Headers,
 		}
 		if json.Valid(m.Message.Body) {
@@ -267,13 +274,26 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	return enc.Encode(items)
 }
 
+// firstFailed is when m's first attempt failed: broker.HeaderFirstFailedAt,
+// which the adapters set on the first retry, or, for a message
+// dead-lettered at its first failure (a permanent error, an invalid event:
+// it was never retried, and some adapters then set no such header), the
+// time it was dead-lettered, which is when that one attempt failed. Zero
+// when the DLQ knows neither.
+func firstFailed(m broker.DeadMessage) time.Time {
+	if !m.FirstFailedAt.IsZero() {
+		return m.FirstFailedAt
+	}
+	return m.DeadAt
+}
+
 func writeDeadTable(w io.Writer, msgs []broker.DeadMessage) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tAPP ID\tTYPE\tATTEMPTS\tFIRST FAILED\tLAST ERROR")
 	for _, m := range msgs {
 		first := "-"
-		if !m.FirstFailedAt.IsZero() {
-			first = m.FirstFailedAt.UTC().Format(time.RFC3339)
+		if t := firstFailed(m); !t.IsZero() {
+			first = t.UTC().Format(time.RFC3339)
 		}
 		appID := m.Message.Headers[broker.HeaderAppID]
 		if appID == "" {

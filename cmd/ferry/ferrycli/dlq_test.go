@@ -2,6 +2,7 @@ package ferrycli_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -129,9 +130,9 @@ func TestDLQUnknownQueueRabbitMQ(t *testing.T) {
 }
 
 // TestDLQDeclaresNothingRabbitMQ: the dlq commands work on a queue
-// declared with another retry delay than their --retry-delay (they declare
-// nothing, so no PRECONDITION_FAILED), and replay or purge of an ID not in
-// the DLQ exits 1 after acting on the IDs that were.
+// declared with a retry delay they are not told (they declare nothing, so
+// no PRECONDITION_FAILED, and take no --retry-delay), and replay or purge
+// of an ID not in the DLQ exits 1 after acting on the IDs that were.
 func TestDLQDeclaresNothingRabbitMQ(t *testing.T) {
 	base := testenv.UniqueName("cli-dlq")
 	tp := broker.Topology{Exchange: base + ".ex", Queues: []broker.Queue{{
@@ -141,7 +142,7 @@ func TestDLQDeclaresNothingRabbitMQ(t *testing.T) {
 	t.Cleanup(func() { deleteRabbit(t, tp.Exchange, rabbitQueues(q)...) })
 	deadLetters(t, rabbitBroker(t), tp, "m1", "m2", "m3")
 
-	code, out, errOut := run(t, append([]string{"dlq", "list"}, rabbitArgs(q, "--retry-delay", "200ms")...)...)
+	code, out, errOut := run(t, append([]string{"dlq", "list"}, rabbitArgs(q)...)...)
 	require.Equal(t, 0, code, "stderr: %s", errOut)
 	require.Contains(t, out, "3 dead message(s)")
 	require.NotContains(t, errOut, "PRECONDITION_FAILED")
@@ -313,4 +314,40 @@ func TestDLQCommandsNameTheSQSQueue(t *testing.T) {
 	require.Equal(t, 1, code, "one ID is not in the DLQ")
 	require.Contains(t, out, "purged 1 message(s) from the DLQ "+q+".dlq ("+real+"): s2")
 	require.Contains(t, errOut, "1 of 2 requested ID(s) not in the DLQ "+q+".dlq ("+real+"): absent")
+}
+
+// TestDLQListFirstFailedOfAMessageNeverRetried: a message dead-lettered at
+// its first failure (a permanent error, an invalid event) shows when it
+// failed, in the table and in JSON, instead of "-".
+func TestDLQListFirstFailedOfAMessageNeverRetried(t *testing.T) {
+	base := testenv.UniqueName("cli-dlq")
+	tp := broker.Topology{Exchange: base + ".ex", Queues: []broker.Queue{{
+		Name: base + ".work", Bindings: []string{"notification.requested"}, RetryDelays: []time.Duration{30 * time.Second},
+	}}}
+	q := tp.Queues[0].Name
+	t.Cleanup(func() { deleteRabbit(t, tp.Exchange, rabbitQueues(q)...) })
+	before := time.Now().Add(-time.Second).Truncate(time.Second)
+	deadLetters(t, rabbitBroker(t), tp, "m1")
+
+	code, out, errOut := run(t, append([]string{"dlq", "list"}, rabbitArgs(q)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out) // header, m1, total
+	require.Contains(t, lines[0], "FIRST FAILED")
+	fields := strings.Fields(lines[1])
+	require.Equal(t, "m1", fields[0])
+	first, err := time.Parse(time.RFC3339, fields[4])
+	require.NoError(t, err, "FIRST FAILED of %q", lines[1])
+	require.WithinRange(t, first, before, time.Now().Add(time.Second))
+
+	code, out, errOut = run(t, append([]string{"dlq", "list", "--format", "json"}, rabbitArgs(q)...)...)
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	var items []struct {
+		FirstFailedAt *time.Time `json:"first_failed_at"`
+		DeadAt        *time.Time `json:"dead_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &items))
+	require.Len(t, items, 1)
+	require.NotNil(t, items[0].FirstFailedAt, out)
+	require.Equal(t, *items[0].DeadAt, *items[0].FirstFailedAt, "its only attempt failed when it was dead-lettered")
 }

@@ -5,8 +5,8 @@
 //
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
 // process), demo, dlq list|replay|purge, replay --since (brokers with the
-// Replay capability: Kafka), outbox stats and bench (the broker comparison
-// of package bench/suite). A flag can also be set by an environment
+// Replay capability: Kafka), outbox stats, bench (the broker comparison
+// of package bench/suite), version and help. A flag can also be set by an environment
 // variable (the README's "Flags" states the rule, and readme_test.go
 // checks it): FERRY_<FLAG_NAME> (for example --database-url and
 // FERRY_DATABASE_URL), FERRY_DEMO_<FLAG_NAME> and FERRY_BENCH_<FLAG_NAME>
@@ -14,6 +14,11 @@
 // --brokers, --messages, ...), and none for the flags that choose what a
 // dlq, outbox or replay command acts on or confirms (--id, --all, --yes,
 // --dry-run, --since, --limit, --error-contains, --app-id).
+//
+// Each command takes only the flags it uses (api none of the broker's: it
+// only writes the outbox) and refuses the others with a usage error; its
+// help (help.go) fits HelpWidth columns. Every listen address defaults to
+// loopback.
 //
 // demo, run and bench start embedded servers for what the flags leave out
 // (bench: PostgreSQL, and NATS when --brokers is not given):
@@ -31,11 +36,13 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferrymq/ferry/app"
+	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
@@ -70,9 +77,10 @@ func cmdName(c *cli.Context) string {
 
 // isUsageError reports whether err is about the command line: ErrUsage, an
 // unknown or unavailable broker, a configuration a package refused
-// (app, outbox, worker), or a flag urfave/cli could not parse.
+// (app, outbox, worker, a broker adapter's Config), or a flag urfave/cli
+// could not parse.
 func isUsageError(err error) bool {
-	for _, target := range []error{ErrUsage, ErrUnknownBroker, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig} {
+	for _, target := range []error{ErrUsage, ErrUnknownBroker, app.ErrConfig, outbox.ErrInvalidConfig, worker.ErrInvalidConfig, broker.ErrInvalidConfig} {
 		if errors.Is(err, target) {
 			return true
 		}
@@ -99,10 +107,12 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 		Usage: "transactional outbox to message broker, idempotent workers, and a sample notification service",
 		Description: "A flag can also be set by its environment variable, shown as [$FERRY_...] in a command's help.\n" +
 			"demo and run start embedded PostgreSQL, NATS and an SMTP sink for what their flags leave out;\n" +
-			"the other commands default to the servers on 127.0.0.1 (PostgreSQL, RabbitMQ, Mailpit).",
+			"the other commands default to the servers on 127.0.0.1 (PostgreSQL, RabbitMQ, Mailpit).\n" +
+			"Every command shows only the flags it uses: ferry help COMMAND, or ferry COMMAND --help.",
+		Version:                VersionLine(),
+		CustomAppHelpTemplate:  appHelpTemplate,
 		Writer:                 stdout,
 		ErrWriter:              stderr,
-		HideHelpCommand:        true,
 		UseShortOptionHandling: false,
 		ExitErrHandler:         func(*cli.Context, error) {}, // Main turns errors into exit codes
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
@@ -126,9 +136,11 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			outboxCommand(),
 			benchCommand(),
 			benchChildCommand(),
+			versionCommand(),
 		},
 	}
 	quietUsageErrors(a.Commands)
+	useHelpTemplates(a.Commands)
 	return a
 }
 
@@ -255,20 +267,25 @@ func setup(c *cli.Context, defaultLevel string) (*settings, *slog.Logger, error)
 	return s, log, nil
 }
 
-// redactURL hides the password of a URL.
+// redactURL hides the password of a URL (user:xxxxx@host), whatever its
+// scheme, and the password=... of a keyword/value connection string
+// ("host=db password=s3cret"); the rest is shown as given.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" && u.User != nil {
+		return u.Redacted()
 	}
-	return u.Redacted()
+	return kvPassword.ReplaceAllString(raw, "${1}xxxxx")
 }
+
+// kvPassword matches the value of password= in a keyword/value
+// connection string, quoted or not.
+var kvPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
-		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, notifications)",
-		Flags: concat(databaseFlags(), logFlags()),
+		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, ferry_periodic, notifications)",
+		Flags: concat(databaseFlags(false), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
@@ -289,7 +306,9 @@ func apiCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "api",
 		Usage: "serve the notification HTTP API (POST /notifications, GET /notifications/{id})",
-		Flags: concat(databaseFlags(), apiFlags(DefaultAddr), brokerFlags(), shutdownFlags(), metricsFlags(""), logFlags()),
+		// No broker flags: the API only writes the outbox, which the relay
+		// publishes.
+		Flags: concat(databaseFlags(false), destinationFlags(), apiFlags(DefaultAddr), shutdownFlags(), metricsFlags(""), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runAPI(ctx) })
 		},
@@ -300,7 +319,7 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "publish committed outbox rows to the broker",
-		Flags: concat(databaseFlags(), brokerFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags()),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), destinationFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
 		},
@@ -311,7 +330,7 @@ func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
 		Usage: "consume the notification queue and send the mails",
-		Flags: concat(databaseFlags(), brokerFlags(), workerFlags(), smtpFlags(), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags()),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), workerFlags(), smtpFlags(false), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runWorker(ctx) })
 		},
@@ -324,6 +343,9 @@ func workerCommand() *cli.Command {
 func runStack(c *cli.Context, f func(context.Context, *stack) error) error {
 	s, log, err := setup(c, "")
 	if err != nil {
+		return err
+	}
+	if err := checkBrokerFlags(c, s, false); err != nil {
 		return err
 	}
 	return boundShutdown(c.Context, s.shutdownTimeout, log, func() error {
@@ -340,10 +362,13 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(), brokerFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags()),
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
+				return err
+			}
+			if err := checkBrokerFlags(c, s, true); err != nil {
 				return err
 			}
 			var stops stopper

@@ -44,19 +44,25 @@ const (
 
 // Default --metrics-addr of the roles without an HTTP API of their own, so
 // every role serves GET /metrics out of the box; they differ so that a relay
-// and a worker can run on one host (compose/compose.yaml uses them).
+// and a worker can run on one host (compose/compose.yaml uses the ports).
+// Loopback, like every default address of ferry: 0.0.0.0:9464 listens on
+// every interface, as the containers of compose/compose.yaml do.
 const (
-	DefaultRelayMetricsAddr  = ":9464"
-	DefaultWorkerMetricsAddr = ":9465"
+	DefaultRelayMetricsAddr  = "127.0.0.1:9464"
+	DefaultWorkerMetricsAddr = "127.0.0.1:9465"
 )
 
 // metricsFlags: --metrics-addr (default def), for every long-running
 // command. api and run also serve GET /metrics on --addr.
 func metricsFlags(def string) []cli.Flag {
+	metricsUsage := "listen address, host:port, of a separate HTTP server for GET /metrics (Prometheus); 0.0.0.0:PORT listens on every interface. Empty: no separate server"
+	if def == "" {
+		metricsUsage += " (this command also serves GET /metrics on --addr)"
+	}
 	return []cli.Flag{
 		&cli.StringFlag{Name: flagMetricsAddr, Value: def, EnvVars: env(flagMetricsAddr),
-			Usage: "listen address of a separate HTTP server for GET /metrics (Prometheus), e.g. :9464; api and run also serve GET /metrics on --addr. Empty: no separate server"},
-		&cli.StringFlag{Name: flagOTLPEndpoint, EnvVars: env(flagOTLPEndpoint),
+			Category: catObs, Usage: metricsUsage},
+		&cli.StringFlag{Name: flagOTLPEndpoint, EnvVars: env(flagOTLPEndpoint), Category: catObs,
 			Usage: "OTLP/HTTP trace receiver base URL, e.g. http://127.0.0.1:4318 (spans go to /v1/traces). Empty: no export; W3C traceparent is still propagated"},
 	}
 }
@@ -64,20 +70,20 @@ func metricsFlags(def string) []cli.Flag {
 // alertFlags: the built-in stuck-outbox alert, for relay and run.
 func alertFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: flagAlertThreshold, Value: alert.DefaultThreshold, EnvVars: env(flagAlertThreshold),
-			Usage: "stuck-outbox alert: fire when more than this many outbox rows are unprocessed for --alert-for (one alert per database: of several relays only the leader notifies; state kept in the table ferry_alerts)"},
-		&cli.DurationFlag{Name: flagAlertFor, Value: alert.DefaultFor, EnvVars: env(flagAlertFor),
-			Usage: "stuck-outbox alert: how long the backlog must stay above --alert-threshold"},
-		&cli.DurationFlag{Name: flagAlertInterval, Value: alert.DefaultInterval, EnvVars: env(flagAlertInterval),
-			Usage: "stuck-outbox alert: how often the backlog is checked"},
-		&cli.StringSliceFlag{Name: flagAlertWebhookURL, EnvVars: env(flagAlertWebhookURL),
-			Usage: "stuck-outbox alert: URL that gets a JSON POST when the alert fires and when it resolves (repeat the flag for several)"},
-		&cli.StringFlag{Name: flagAlertTelegramToken, EnvVars: env(flagAlertTelegramToken),
-			Usage: "stuck-outbox alert: Telegram bot token (sendMessage); prefer the environment variable"},
-		&cli.StringFlag{Name: flagAlertTelegramChatID, EnvVars: env(flagAlertTelegramChatID),
-			Usage: "stuck-outbox alert: Telegram chat ID (numeric or @channel)"},
-		&cli.StringFlag{Name: flagAlertTelegramAPIURL, Value: alert.DefaultTelegramBaseURL, EnvVars: env(flagAlertTelegramAPIURL),
-			Usage: "stuck-outbox alert: Telegram Bot API base URL"},
+		&cli.IntFlag{Name: flagAlertThreshold, Value: alert.DefaultThreshold, Category: catAlert, EnvVars: env(flagAlertThreshold),
+			Usage: "fire when more than this many outbox rows are unprocessed for --alert-for (one alert per database: of several relays only the leader notifies; state kept in the table ferry_alerts)"},
+		&cli.DurationFlag{Name: flagAlertFor, Value: alert.DefaultFor, Category: catAlert, EnvVars: env(flagAlertFor),
+			Usage: "how long the backlog must stay above --alert-threshold"},
+		&cli.DurationFlag{Name: flagAlertInterval, Value: alert.DefaultInterval, Category: catAlert, EnvVars: env(flagAlertInterval),
+			Usage: "how often the backlog is checked"},
+		&cli.StringSliceFlag{Name: flagAlertWebhookURL, Category: catAlert, EnvVars: env(flagAlertWebhookURL),
+			Usage: "URL that gets a JSON POST when the alert fires and when it resolves (repeat the flag for several)"},
+		&cli.StringFlag{Name: flagAlertTelegramToken, Category: catAlert, EnvVars: env(flagAlertTelegramToken),
+			Usage: "Telegram bot token (sendMessage); prefer the environment variable"},
+		&cli.StringFlag{Name: flagAlertTelegramChatID, Category: catAlert, EnvVars: env(flagAlertTelegramChatID),
+			Usage: "Telegram chat ID (numeric or @channel)"},
+		&cli.StringFlag{Name: flagAlertTelegramAPIURL, Value: alert.DefaultTelegramBaseURL, Category: catAlert, EnvVars: env(flagAlertTelegramAPIURL),
+			Usage: "Telegram Bot API base URL"},
 	}
 }
 
@@ -246,6 +252,16 @@ func (o *observability) onOutcome(next func(*broker.Message, worker.Outcome, tim
 			next(msg, out, d)
 		}
 	}
+}
+
+// onSettleFailure is worker.Config.OnSettleFailure: it counts the failure
+// in ferry_worker_settle_failures_total (the worker logs it). nil without
+// metrics.
+func (o *observability) onSettleFailure() func(broker.SettleFailure) {
+	if o == nil {
+		return nil
+	}
+	return o.metrics.ObserveSettleFailure
 }
 
 // serveMetrics serves GET /metrics on --metrics-addr until ctx is done; it

@@ -249,6 +249,7 @@ func TestNilObservabilityChangesNothing(t *testing.T) {
 	require.NotNil(t, o.apiHandler(h))
 	require.Nil(t, o.onBatch())
 	require.Nil(t, o.onOutcome(nil))
+	require.Nil(t, o.onSettleFailure())
 	require.NoError(t, o.serveMetrics(context.Background()))
 	require.NoError(t, o.runAlert(context.Background()))
 	o.startAlert(context.Background())()

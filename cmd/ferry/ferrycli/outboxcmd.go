@@ -21,17 +21,17 @@ func outboxCommand() *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:   "stats",
 			Usage:  "unprocessed rows, age of the oldest, rows published in the last minute and hour, parked rows; split by destination when there are several",
-			Flags:  concat(databaseFlags(), logFlags(), []cli.Flag{formatFlag()}),
+			Flags:  concat(databaseFlags(false), logFlags("warn"), []cli.Flag{formatFlag()}),
 			Action: outboxStats,
 		}, {
 			Name:   "retry",
 			Usage:  "make parked rows (see outbox stats) due now: the next claim of any relay publishes them, whatever their backoff; logged with who and when",
-			Flags:  concat(databaseFlags(), logFlags(), []cli.Flag{parkedIDFlag()}),
+			Flags:  concat(databaseFlags(false), logFlags("info"), []cli.Flag{parkedIDFlag()}),
 			Action: func(c *cli.Context) error { return outboxParked(c, "retry") },
 		}, {
 			Name:   "drop",
 			Usage:  "delete parked rows for good (their events are never published); needs --yes; logged with who, when and what the row was",
-			Flags:  concat(databaseFlags(), logFlags(), []cli.Flag{parkedIDFlag(), &cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
+			Flags:  concat(databaseFlags(false), logFlags("info"), []cli.Flag{parkedIDFlag(), &cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
 			Action: func(c *cli.Context) error { return outboxParked(c, "drop") },
 		}},
 	}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"golang.org/x/term"
 )
 
 // demoCounts are the demo's counters at one moment.
@@ -18,32 +20,25 @@ type demoCounts struct {
 	dead     int
 }
 
-// progress draws the demo's progress: on a terminal one line redrawn in
-// place (\r) with a bar; elsewhere (CI, a pipe) a plain line at most
-// every interval, only when the counters changed.
+// progress draws the demo's progress bar: on a terminal one line redrawn
+// in place (\r) with a bar. Elsewhere (CI, a pipe, a file) it draws
+// nothing, and the summary that follows says everything.
 type progress struct {
-	w        io.Writer
-	tty      bool
-	start    time.Time
-	interval time.Duration
-	lastAt   time.Time
-	last     demoCounts
-	drawn    bool
-	width    int
+	w     io.Writer
+	tty   bool
+	start time.Time
+	width int
 }
 
-// isTerminal reports whether w is a character device (a terminal).
+// isTerminal reports whether w is a terminal (golang.org/x/term; a
+// character device such as /dev/null is not one).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func newProgress(w io.Writer, start time.Time) *progress {
-	return &progress{w: w, tty: isTerminal(w), start: start, interval: 2 * time.Second, width: 30}
+	return &progress{w: w, tty: isTerminal(w), start: start, width: 30}
 }
 
 // line renders the counters: the bar fills with the notifications in a
@@ -64,29 +59,18 @@ func (p *progress) line(c demoCounts, now time.Time) string {
 		bar, 100*frac, c.posted, c.lines, c.accepted, c.rejected, c.sent, c.dead, now.Sub(p.start).Seconds())
 }
 
-// update draws c when it is time to.
+// update redraws c on a terminal.
 func (p *progress) update(c demoCounts) {
-	now := time.Now()
-	if p.tty {
-		fmt.Fprintf(p.w, "\r%s\x1b[K", p.line(c, now))
-		p.drawn = true
+	if !p.tty {
 		return
 	}
-	if (c == p.last && p.drawn) || now.Sub(p.lastAt) < p.interval {
-		return
-	}
-	p.last, p.lastAt, p.drawn = c, now, true
-	fmt.Fprintln(p.w, p.line(c, now))
+	fmt.Fprintf(p.w, "\r%s\x1b[K", p.line(c, time.Now()))
 }
 
-// finish draws c a last time and ends the line.
+// finish draws c a last time on a terminal and ends the line.
 func (p *progress) finish(c demoCounts) {
-	line := p.line(c, time.Now())
-	if p.tty {
-		fmt.Fprintf(p.w, "\r%s\x1b[K\n", line)
+	if !p.tty {
 		return
 	}
-	if !p.drawn || c != p.last {
-		fmt.Fprintln(p.w, line)
-	}
+	fmt.Fprintf(p.w, "\r%s\x1b[K\n", p.line(c, time.Now()))
 }

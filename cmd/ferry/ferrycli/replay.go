@@ -23,7 +23,9 @@ func replayCommand() *cli.Command {
 		Name: "replay",
 		Usage: "make --queue read its history again from --since (Kafka: reset the consumer group's offsets to that time); " +
 			"the queue's workers must be stopped; fails at once on a broker without the Replay capability",
-		Flags: concat(dlqFlags(), []cli.Flag{
+		// No --rabbitmq-queue-type and no --exchange: only Kafka replays,
+		// and it needs neither.
+		Flags: concat(without(brokerFlags(false, ""), flagRabbitQueueType), []cli.Flag{queueFlag()}, logFlags("warn"), []cli.Flag{
 			&cli.StringFlag{Name: flagSince, Required: true, Usage: "the time to replay from: RFC 3339 (2026-12-01T09:00:00Z) or a duration back from now (90m)"},
 		}),
 		Action: replayAction,
@@ -59,6 +61,9 @@ func replayAction(c *cli.Context) error {
 	opts.Logger = log
 	b, err := OpenBroker(c.Context, s.broker, opts)
 	if err != nil {
+		if namesFlag(err) {
+			return err
+		}
 		return fmt.Errorf("ferry: replay: %s at %s: %w", s.broker, redactURL(s.brokerURL()), err)
 	}
 	defer b.Close()

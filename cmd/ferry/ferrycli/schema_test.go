@@ -42,7 +42,12 @@ func TestRolesRefuseDatabaseWithoutSchema(t *testing.T) {
 		{"worker", "--smtp-addr", testenv.SMTPAddr()},
 		{"run", "--addr", "127.0.0.1:0", "--smtp-addr", testenv.SMTPAddr()},
 	} {
-		args := append(append(role, "--database-url", db), rabbit...)
+		args := append(role, "--database-url", db)
+		if role[0] == "api" {
+			args = append(args, "--metrics-addr", "127.0.0.1:0") // the API has no broker flags
+		} else {
+			args = append(args, rabbit...)
+		}
 		code, errOut := runFor(t, 20*time.Second, args...)
 		require.Equal(t, 1, code, "%s fails instead of running until stopped: %s", role[0], errOut)
 		require.Contains(t, errOut, want, role[0])
@@ -64,7 +69,7 @@ func TestRolesRefuseDatabaseWithoutSchema(t *testing.T) {
 
 	code, errOut = runFor(t, 30*time.Second, "migrate", "--database-url", db)
 	require.Equal(t, 0, code, errOut)
-	code, errOut = runFor(t, 3*time.Second, append([]string{"api", "--database-url", db, "--addr", "127.0.0.1:0"}, rabbit...)...)
+	code, errOut = runFor(t, 3*time.Second, "api", "--database-url", db, "--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0")
 	require.Equal(t, 0, code, "the api runs until stopped: %s", errOut)
 }
 

@@ -3,6 +3,7 @@ package ferrycli
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,8 +40,10 @@ const (
 	// DefaultSMTPAddr is --smtp-addr's default, Mailpit's SMTP port (demo
 	// and run use a built-in SMTP sink when the flag is not given).
 	DefaultSMTPAddr = "127.0.0.1:1025"
-	// DefaultAddr is --addr's default, the API's listen address.
-	DefaultAddr = ":3000"
+	// DefaultAddr is --addr's default, the API's listen address: loopback,
+	// like every default address of ferry (0.0.0.0:3000 listens on every
+	// interface, as compose/compose.yaml does in its containers).
+	DefaultAddr = "127.0.0.1:3000"
 )
 
 // ErrUsage is wrapped by errors about the command line itself (a bad flag
@@ -78,6 +81,7 @@ const (
 	flagPollInterval    = "poll-interval"
 	flagRetention       = "retention"
 	flagShutdownTimeout = "shutdown-timeout"
+	flagHandlerTimeout  = "handler-timeout"
 	flagDebugFail       = "debug-fail-after-outbox"
 	flagDataDir         = "data-dir"
 	flagFormat          = "format"
@@ -87,85 +91,153 @@ func env(name string) []string {
 	return []string{"FERRY_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
 }
 
-// embeddedNote is appended to the usage of the flags whose absence makes
-// demo and run start an embedded server.
-const embeddedNote = " (demo and run: when not given, an embedded server is started in the ferry process)"
+// Categories of the flags in the help (flagHelp prints them in the order a
+// command lists its flags).
+const (
+	catDatabase = "Database"
+	catBroker   = "Broker"
+	catTopology = "Topology"
+	catAPI      = "HTTP API"
+	catRelay    = "Relay"
+	catWorker   = "Worker"
+	catSMTP     = "SMTP"
+	catObs      = "Observability"
+	catAlert    = "Stuck-outbox alert"
+	catProcess  = "Process and logs"
+)
 
-func logFlags() []cli.Flag {
+// logFlags: --log-format and --log-level; defaultLevel is the command's
+// level when --log-level is not given (setup's defaultLevel; "" is info).
+func logFlags(defaultLevel string) []cli.Flag {
+	if defaultLevel == "" {
+		defaultLevel = "info"
+	}
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagLogFormat, Value: "text", EnvVars: env(flagLogFormat), Usage: "log format: text or json"},
-		&cli.StringFlag{Name: flagLogLevel, Value: "info", EnvVars: env(flagLogLevel), Usage: "log level: debug, info, warn or error (demo: warn unless given)"},
+		&cli.StringFlag{Name: flagLogFormat, Value: "text", EnvVars: env(flagLogFormat), Category: catProcess, Usage: "log format: text or json"},
+		&cli.StringFlag{Name: flagLogLevel, Value: defaultLevel, EnvVars: env(flagLogLevel), Category: catProcess, Usage: "log level: debug, info, warn or error"},
 	}
 }
 
-func databaseFlags() []cli.Flag {
+// databaseFlags: --database-url. embedded (demo, run): without the flag an
+// embedded PostgreSQL is started, which the help says instead of a default.
+func databaseFlags(embedded bool) []cli.Flag {
+	f := &cli.StringFlag{Name: flagDatabaseURL, Value: DefaultDatabaseURL, EnvVars: env(flagDatabaseURL), Category: catDatabase,
+		Usage: "PostgreSQL URL, postgres://user:password@host:port/database"}
+	if embedded {
+		f.DefaultText = "an embedded PostgreSQL in this process, migrated at start; its data is removed at exit unless --data-dir is given"
+	}
+	return []cli.Flag{f}
+}
+
+// brokerFlags: --broker and the connection flags of every adapter.
+// embedded (demo, run): without --broker an embedded NATS server is used
+// (or --nats-url), which the help says instead of the defaults. quorumNote
+// is what --rabbitmq-queue-type changes for the command.
+func brokerFlags(embedded bool, queueTypeUsage string) []cli.Flag {
+	b := &cli.StringFlag{Name: flagBroker, Value: DefaultBroker, EnvVars: env(flagBroker), Category: catBroker,
+		Usage: "message broker: rabbitmq, nats, kafka or sqs"}
+	nats := &cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Category: catBroker, Usage: "NATS URL (--broker nats)"}
+	if embedded {
+		b.DefaultText = "nats: an embedded NATS JetStream server in this process, or the server of --nats-url when given"
+		nats.Usage = "NATS URL; given without --broker, the broker is nats at this URL instead of the embedded server"
+		nats.DefaultText = "the embedded server; with --broker nats, " + DefaultNATSURL
+	}
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagDatabaseURL, Value: DefaultDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL" + embeddedNote},
+		b,
+		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Category: catBroker, Usage: "RabbitMQ URL (--broker rabbitmq)"},
+		&cli.StringFlag{Name: flagRabbitQueueType, Value: rabbitmq.QueueTypeClassic, EnvVars: env(flagRabbitQueueType), Category: catBroker, Usage: queueTypeUsage},
+		nats,
+		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Category: catBroker, Usage: "Kafka bootstrap brokers, a comma list of host:port (--broker kafka)"},
+		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Category: catBroker, Usage: "SQS endpoint URL; empty for AWS's endpoint of --aws-region (--broker sqs)"},
+		&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Category: catBroker, Usage: "AWS region (--broker sqs); credentials come from the AWS SDK's default chain (AWS_ACCESS_KEY_ID, profiles, roles)"},
 	}
 }
 
-func brokerFlags() []cli.Flag {
+// declareQueueType is --rabbitmq-queue-type's usage for the commands that
+// declare the topology (relay, worker, run, demo).
+const declareQueueType = "RabbitMQ queue type of the work, retry and dead-letter queues: classic or quorum (replicated); every process declaring a queue must use the same type (--broker rabbitmq)"
+
+// topologyFlags: --exchange, --queue and --retry-delay, for the commands
+// that declare the topology on the broker (relay, worker, run, demo).
+func topologyFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagBroker, Value: DefaultBroker, EnvVars: env(flagBroker),
-			Usage: "message broker: rabbitmq, nats, kafka or sqs; demo and run without it use an embedded NATS server, or --nats-url when that is given"},
-		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Usage: "RabbitMQ URL (--broker rabbitmq)"},
-		&cli.StringFlag{Name: flagRabbitQueueType, Value: rabbitmq.QueueTypeClassic, EnvVars: env(flagRabbitQueueType),
-			Usage: "RabbitMQ queue type of the work, retry and dead-letter queues: classic or quorum (replicated); every process declaring a queue must use the same type (--broker rabbitmq)"},
-		&cli.StringFlag{Name: flagNATSURL, Value: DefaultNATSURL, EnvVars: env(flagNATSURL), Usage: "NATS URL (--broker nats)" + embeddedNote},
-		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Usage: "Kafka bootstrap brokers, a comma list of host:port (--broker kafka)"},
-		&cli.StringFlag{Name: flagSQSEndpoint, Value: DefaultSQSEndpoint, EnvVars: env(flagSQSEndpoint), Usage: "SQS endpoint URL; empty for AWS's endpoint of --aws-region (--broker sqs)"},
-		&cli.StringFlag{Name: flagAWSRegion, Value: DefaultAWSRegion, EnvVars: env(flagAWSRegion), Usage: "AWS region (--broker sqs); credentials come from the AWS SDK's default chain (AWS_ACCESS_KEY_ID, profiles, roles)"},
-		&cli.StringFlag{Name: flagExchange, Value: app.DefaultExchange, EnvVars: env(flagExchange), Usage: "exchange (NATS: stream) the notification events are published to"},
-		&cli.StringFlag{Name: flagDestination, Value: outbox.DefaultDestination, EnvVars: env(flagDestination),
-			Usage: "outbox destination: api enqueues its events for it and the relay publishes only its events, so services (or exchanges) sharing a database each use their own"},
-		&cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Usage: "work queue of the notification worker; its DLQ is <queue>.dlq"},
-		&cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay),
+		&cli.StringFlag{Name: flagExchange, Value: app.DefaultExchange, EnvVars: env(flagExchange), Category: catTopology, Usage: "exchange (NATS: stream) the notification events are published to"},
+		&cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Category: catTopology, Usage: "work queue of the notification worker; its DLQ is <queue>.dlq"},
+		&cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay), Category: catTopology,
 			Usage: "delay before a retry; a comma list is a backoff list (retry i waits the i-th, the last repeats), e.g. 1s,10s,1m. Every process declaring the queue must use the same list"},
+	}
+}
+
+// destinationFlags: --destination, for the commands that enqueue (api,
+// run, demo) or relay (relay, run, demo) the outbox.
+func destinationFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagDestination, Value: outbox.DefaultDestination, EnvVars: env(flagDestination), Category: catTopology,
+			Usage: "outbox destination: api enqueues its events for it and the relay publishes only its events, so services (or exchanges) sharing a database each use their own"},
 	}
 }
 
 func apiFlags(defaultAddr string) []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagAddr, Value: defaultAddr, EnvVars: env(flagAddr), Usage: "HTTP listen address of the API"},
-		&cli.BoolFlag{Name: flagDebugFail, EnvVars: env(flagDebugFail), Usage: "make POST /notifications fail after the outbox insert (rolled back), to demonstrate the outbox"},
+		&cli.StringFlag{Name: flagAddr, Value: defaultAddr, EnvVars: env(flagAddr), Category: catAPI, Usage: "HTTP listen address of the API, host:port; 0.0.0.0:3000 (or :3000) listens on every interface"},
+		&cli.BoolFlag{Name: flagDebugFail, EnvVars: env(flagDebugFail), Category: catAPI, Usage: "make POST /notifications fail after the outbox insert (rolled back), to demonstrate the outbox"},
 	}
 }
 
-func smtpFlags() []cli.Flag {
+// smtpFlags: the SMTP client of the worker. embedded (demo, run): without
+// --smtp-addr a built-in SMTP sink is used.
+func smtpFlags(embedded bool) []cli.Flag {
+	addr := &cli.StringFlag{Name: flagSMTPAddr, Value: DefaultSMTPAddr, EnvVars: env(flagSMTPAddr), Category: catSMTP, Usage: "SMTP server host:port (no TLS, no auth)"}
+	if embedded {
+		addr.DefaultText = "a built-in SMTP sink in this process, which keeps the mail (in --data-dir when given)"
+	}
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagSMTPAddr, Value: DefaultSMTPAddr, EnvVars: env(flagSMTPAddr), Usage: "SMTP server host:port (no TLS, no auth)" + " (demo and run: when not given, a built-in SMTP sink in the ferry process)"},
-		&cli.DurationFlag{Name: flagSMTPTimeout, Value: app.DefaultSMTPTimeout, EnvVars: env(flagSMTPTimeout), Usage: "bound on connecting to the SMTP server and on the dialogue up to the end of the mail data"},
-		&cli.DurationFlag{Name: flagSMTPDataTimeout, Value: app.DefaultSMTPDataTimeout, EnvVars: env(flagSMTPDataTimeout),
+		addr,
+		&cli.DurationFlag{Name: flagSMTPTimeout, Value: app.DefaultSMTPTimeout, EnvVars: env(flagSMTPTimeout), Category: catSMTP, Usage: "bound on connecting to the SMTP server and on the dialogue up to the end of the mail data"},
+		&cli.DurationFlag{Name: flagSMTPDataTimeout, Value: app.DefaultSMTPDataTimeout, EnvVars: env(flagSMTPDataTimeout), Category: catSMTP,
 			Usage: "how long to wait for the SMTP server's reply to the end of the mail data (RFC 5321 4.5.3.2.6: 10 minutes); when it expires the server may have the mail and the retry may send a copy"},
 	}
 }
 
 func relayFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Usage: "outbox rows published per relay transaction"},
-		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY"},
-		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever). At least 1h and at least the longest --retry-delay times --max-attempts (the relay alone: times 5), so that a redelivered message still finds its dedup row; 0 is an error"},
+		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction"},
+		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Category: catRelay, Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY"},
+		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Category: catRelay, Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever). At least 1h and at least the longest --retry-delay times --max-attempts (the relay alone: times 5), so that a redelivered message still finds its dedup row; 0 is an error"},
 	}
 }
 
 func workerFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Usage: "attempts per message, the first included, before it goes to the DLQ"},
-		&cli.IntFlag{Name: flagPrefetch, Value: 10, EnvVars: env(flagPrefetch), Usage: "deliveries received and not yet settled"},
-		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Usage: "messages handled at once"},
+		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Category: catWorker, Usage: "attempts per message, the first included, before it goes to the DLQ"},
+		&cli.IntFlag{Name: flagPrefetch, Value: 10, EnvVars: env(flagPrefetch), Category: catWorker, Usage: "deliveries received and not yet settled"},
+		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Category: catWorker, Usage: "messages handled at once"},
+		&cli.DurationFlag{Name: flagHandlerTimeout, EnvVars: env(flagHandlerTimeout), Category: catWorker,
+			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, 30m by default; SQS 12h): the worker refuses to start otherwise"},
 	}
 }
 
 func shutdownFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.DurationFlag{Name: flagShutdownTimeout, Value: 30 * time.Second, EnvVars: env(flagShutdownTimeout), Usage: "on SIGINT/SIGTERM, how long in-flight work may finish; the process exits at most 5s later, leaving unfinished messages to be redelivered"},
+		&cli.DurationFlag{Name: flagShutdownTimeout, Value: 30 * time.Second, EnvVars: env(flagShutdownTimeout), Category: catProcess, Usage: "on SIGINT/SIGTERM, how long in-flight work may finish; the process exits at most 5s later, leaving unfinished messages to be redelivered"},
 	}
 }
 
 func dataDirFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Usage: "folder for the embedded servers' data and the sink's mail (default: a temporary folder removed at exit)"},
+		&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Category: catProcess, Usage: "folder for the embedded servers' data and the sink's mail", DefaultText: "a temporary folder removed at exit"},
 	}
+}
+
+// without returns flags without those named names.
+func without(flags []cli.Flag, names ...string) []cli.Flag {
+	var out []cli.Flag
+	for _, f := range flags {
+		if !slices.Contains(names, f.Names()[0]) {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func concat(sets ...[]cli.Flag) []cli.Flag {
@@ -258,6 +330,7 @@ type settings struct {
 	retention       time.Duration
 	retryWindow     time.Duration // outbox.RedeliveryWindowFor(retryDelays, max attempts; relay: worker.DefaultMaxAttempts)
 	shutdownTimeout time.Duration
+	handlerTimeout  time.Duration // 0: none
 	debugFail       bool
 	dataDir         string
 	// obs are the observability flags (nil for commands without them).
@@ -286,6 +359,7 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		batchSize:       c.Int(flagBatchSize),
 		pollInterval:    c.Duration(flagPollInterval),
 		shutdownTimeout: c.Duration(flagShutdownTimeout),
+		handlerTimeout:  c.Duration(flagHandlerTimeout),
 		debugFail:       c.Bool(flagDebugFail),
 		dataDir:         c.String(flagDataDir),
 		brokerOpts: BrokerOptions{
@@ -345,6 +419,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		if has(p.name) && p.v <= 0 {
 			return nil, usagef("--%s %v: must be positive", p.name, p.v)
 		}
+	}
+	if has(flagHandlerTimeout) && s.handlerTimeout < 0 {
+		return nil, usagef("--%s %v: must not be negative (0: no bound)", flagHandlerTimeout, s.handlerTimeout)
 	}
 	if has(flagRetention) {
 		attempts := worker.DefaultMaxAttempts

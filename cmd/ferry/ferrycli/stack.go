@@ -7,13 +7,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v2"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferrymq/ferry"
@@ -45,6 +48,10 @@ type stack struct {
 	// brokerReady, when set, is called by runRelay and runWorker once
 	// their broker is connected and the topology declared.
 	brokerReady func()
+	// brokerGiveUp, when positive, is how long runRelay and runWorker
+	// wait for an unreachable broker before they fail (demo); zero waits
+	// until ctx is done.
+	brokerGiveUp time.Duration
 	// obs adds metrics, tracing and the stuck-outbox alert; nil changes
 	// nothing.
 	obs *observability
@@ -132,21 +139,26 @@ func startEmbedded(ctx context.Context, s *settings, log *slog.Logger, stops *st
 }
 
 // brokerURL is the URL of the selected broker.
-func (s *settings) brokerURL() string {
-	switch s.broker {
-	case "rabbitmq":
-		return s.brokerOpts.RabbitMQURL
-	case "nats":
-		return s.brokerOpts.NATSURL
-	case "kafka":
-		return strings.Join(s.brokerOpts.KafkaBrokers, ",")
-	case "sqs":
-		if s.brokerOpts.SQSEndpoint == "" {
-			return "AWS SQS " + s.brokerOpts.AWSRegion
-		}
-		return s.brokerOpts.SQSEndpoint
+func (s *settings) brokerURL() string { return brokerAddress(s.broker, s.brokerOpts) }
+
+// checkBrokerFlags validates, without any network access, the flags of
+// the broker the command will use (see checkBroker), so a malformed one
+// fails at start with exit 2 instead of being retried. With embedded
+// (demo, run) and no --broker, that broker is NATS: the --nats-url given,
+// else the embedded server (nothing to check). Commands without --broker
+// have nothing to check.
+func checkBrokerFlags(c *cli.Context, s *settings, embedded bool) error {
+	if !hasFlag(c, flagBroker) {
+		return nil
 	}
-	return ""
+	name := s.broker
+	if embedded && !s.brokerSet {
+		if !s.natsSet {
+			return nil
+		}
+		name = "nats"
+	}
+	return checkBroker(name, s.brokerOpts)
 }
 
 // openStack connects to the database (pool sized for the worker's
@@ -155,7 +167,7 @@ func (s *settings) brokerURL() string {
 func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool) (*stack, error) {
 	cfg, err := pgxpool.ParseConfig(s.databaseURL)
 	if err != nil {
-		return nil, usagef("--%s: %v", flagDatabaseURL, err)
+		return nil, databaseURLError(s.databaseURL, err)
 	}
 	if want := int32(max(s.concurrency, 1) + 20); cfg.MaxConns < want {
 		cfg.MaxConns = want
@@ -168,6 +180,10 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		if pe, ok := dbRefusal(err); ok {
+			return nil, fmt.Errorf("ferry: --%s %s: refused by the server (check the user, password and database name): %s (SQLSTATE %s)",
+				flagDatabaseURL, redactURL(s.databaseURL), pe.Message, pe.Code)
+		}
 		return nil, fmt.Errorf("ferry: database %s: %w", redactURL(s.databaseURL), err)
 	}
 	if migrate {
@@ -191,12 +207,60 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 		pool.Close()
 		return nil, err
 	}
-	obs, err := newObservability(ctx, s.obs, s.broker, pool, log)
+	obs, err := newObservability(ctx, s.obs, metricsBrokerLabel(s.broker), pool, log)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return &stack{s: s, log: log, pool: pool, app: a, obs: obs}, nil
+}
+
+// NoBrokerLabel is the broker label of the metrics of the api command,
+// which talks to no broker (it only writes the outbox).
+const NoBrokerLabel = "none"
+
+// metricsBrokerLabel is the metrics' broker label of a command whose
+// --broker is name ("" for api, which has no --broker).
+func metricsBrokerLabel(name string) string {
+	if name == "" {
+		return NoBrokerLabel
+	}
+	return name
+}
+
+// databaseURLError is the usage error of a --database-url that pgx could
+// not parse (err): it shows the value with only its password hidden
+// (redactURL; pgx's own best-effort redaction garbles URLs of other
+// schemes), says that a PostgreSQL URL is wanted and, for a URL of another
+// scheme, names the scheme.
+func databaseURLError(raw string, err error) error {
+	const want = "want a PostgreSQL URL, postgres://user:password@host:port/database"
+	if u, perr := url.Parse(raw); perr == nil && u.Scheme != "" && strings.Contains(raw, "://") &&
+		u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return usagef("--%s %q: scheme %q: %s", flagDatabaseURL, redactURL(raw), u.Scheme, want)
+	}
+	// pgconn's message is "cannot parse `<its redaction>`: <reason>".
+	reason := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		reason = pe.Error()
+		if i := strings.Index(reason, "`: "); i >= 0 {
+			reason = reason[i+3:]
+		}
+	}
+	return usagef("--%s %q: %s; %s", flagDatabaseURL, redactURL(raw), reason, want)
+}
+
+// dbRefusal returns the server's error when err is PostgreSQL refusing
+// the connection for good: SQLSTATE class 28 (invalid authorization:
+// 28P01 wrong password, 28000 no pg_hba.conf entry or role) or 3D000 (the
+// database does not exist), which waiting does not cure.
+func dbRefusal(err error) (*pgconn.PgError, bool) {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "28") || pe.Code == "3D000") {
+		return pe, true
+	}
+	return nil, false
 }
 
 func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
@@ -309,7 +373,7 @@ func (st *stack) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer st.obs.startAlert(ctx)()
-	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.log)
+	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("relay"), st.topology(), st.brokerGiveUp, st.log)
 	if err != nil {
 		return ignoreCanceled(ctx, err)
 	}
@@ -345,11 +409,12 @@ func (st *stack) runWorker(ctx context.Context) error {
 	if err := st.checkSchema(ctx, true); err != nil {
 		return err
 	}
-	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("worker"), st.topology(), st.log)
+	b, err := connectBroker(ctx, st.s.broker, st.brokerOptions("worker"), st.topology(), st.brokerGiveUp, st.log)
 	if err != nil {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
+	st.obs.registerBacklog(b, st.app.Queue())
 	if st.brokerReady != nil {
 		st.brokerReady()
 	}
@@ -365,8 +430,10 @@ func (st *stack) runWorker(ctx context.Context) error {
 			Prefetch:        st.s.prefetch,
 			Policy:          worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays},
 			ShutdownTimeout: st.s.shutdownTimeout,
+			HandlerTimeout:  st.s.handlerTimeout,
 			OnFailure:       st.app.OnFailure,
 			OnOutcome:       st.obs.onOutcome(st.onOutcome),
+			OnSettleFailure: st.obs.onSettleFailure(),
 		}},
 		Logger: st.log,
 	})

@@ -54,6 +54,27 @@ func DueIn(d time.Duration) EnqueueOption {
 	return DueAt(time.Now().Add(d))
 }
 
+// WithDestination sets the outbox the event belongs to
+// (outbox.Event.Destination): only a relay of that destination
+// (Config.Destination, outbox.RelayConfig.Destination) publishes it.
+// Defaults to outbox.DefaultDestination.
+func WithDestination(name string) EnqueueOption {
+	return func(e *outbox.Event) { e.Destination = name }
+}
+
+// Unique makes the event unique by key for window (outbox.Event.UniqueKey
+// and UniqueFor): an Enqueue with the same key less than window after
+// this one's transaction began stores nothing and returns this event's
+// id, also when the two transactions run concurrently (the second waits
+// for the first to commit or roll back; after a rollback it stores its
+// own event). The key is database-wide, so include the event type, e.g.
+// Unique("email.welcome:"+userID, 24*time.Hour). A window below 1 µs
+// fails the Enqueue with outbox.ErrInvalidEvent. The models are River's
+// UniqueOpts.ByPeriod and asynq's Unique(ttl).
+func Unique(key string, window time.Duration) EnqueueOption {
+	return func(e *outbox.Event) { e.UniqueKey, e.UniqueFor = key, window }
+}
+
 // NewEvent encodes args as JSON into an outbox.Event of type eventType
 // with opts applied, for callers that enqueue several events in one call
 // (outbox.Enqueue(ctx, tx, e1, e2)). The error wraps
@@ -79,7 +100,8 @@ func NewEvent[T any](eventType string, args T, opts ...EnqueueOption) (outbox.Ev
 // type eventType inside the caller's transaction tx (outbox.Enqueue): it
 // is published if and only if tx commits, no earlier than its DueAt
 // option. It returns the outbox row id, which is the message's
-// broker.Message.ID. Errors are those of NewEvent and outbox.Enqueue (a
+// broker.Message.ID; with the Unique option, the id of the key's first
+// event when that is still inside its window (nothing is stored then). Errors are those of NewEvent and outbox.Enqueue (a
 // database error leaves tx aborted). The consuming side is Handle with
 // the same T.
 func Enqueue[T any](ctx context.Context, tx pgx.Tx, eventType string, args T, opts ...EnqueueOption) (int64, error) {

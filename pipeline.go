@@ -38,6 +38,13 @@ type Config struct {
 	// other field to the outbox package's defaults (&outbox.RelayConfig{}
 	// is a relay with the defaults). Nil: no relay in this process.
 	Relay *outbox.RelayConfig
+	// Destination is the outbox the relay publishes when Relay.Destination
+	// is empty: it claims only the events enqueued with
+	// WithDestination(Destination) (outbox.RelayConfig.Destination). Give
+	// each pipeline with its own Topology on a shared database its own
+	// Destination, e.g. its exchange's name, and enqueue with it.
+	// Defaults to outbox.DefaultDestination.
+	Destination string
 	// Workers are the workers to run, one per queue consumed, e.g.
 	// {Queue: "orders", Handler: mux.HandleMessage}, or SQLHandler:
 	// mux.HandleMessageSQL for HandleSQL handlers. In each, Pool, Broker,
@@ -120,6 +127,9 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		if rc.Broker == nil {
 			rc.Broker = cfg.Broker
+		}
+		if rc.Destination == "" {
+			rc.Destination = cfg.Destination
 		}
 		if rc.Logger == nil {
 			rc.Logger = cfg.Logger.With("component", "relay")

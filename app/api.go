@@ -221,7 +221,7 @@ func (a *App) create(ctx context.Context, req *Request, key, traceparent string)
 		return nil, a.dbErr("insert notification", err)
 	}
 	idS := strconv.FormatInt(id, 10)
-	opts := []ferry.EnqueueOption{ferry.WithKey(req.UserID), ferry.WithAppID(idS)}
+	opts := []ferry.EnqueueOption{ferry.WithKey(req.UserID), ferry.WithAppID(idS), ferry.WithDestination(a.cfg.Destination)}
 	if traceparentRE.MatchString(traceparent) {
 		opts = append(opts, ferry.WithHeader(broker.HeaderTraceparent, traceparent))
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // Names of the event and of the broker objects the service uses.
@@ -112,6 +113,11 @@ type Config struct {
 	MaxBodyBytes int
 	// Exchange is the topology's exchange. Defaults to "notifications".
 	Exchange string
+	// Destination is the outbox destination the API enqueues its events
+	// for (outbox.Event.Destination); the relay publishing them must have
+	// the same outbox.RelayConfig.Destination. Defaults to
+	// outbox.DefaultDestination.
+	Destination string
 	// Queue is the work queue bound to EventNotificationRequested.
 	// Defaults to "notifications.send".
 	Queue string
@@ -167,6 +173,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes %d: must be positive", ErrConfig, c.MaxBodyBytes)
+	}
+	if err := outbox.ValidateDestination(c.Destination); err != nil {
+		return fmt.Errorf("%w: Destination %q: %v", ErrConfig, c.Destination, err)
 	}
 	t := broker.Topology{Exchange: c.Exchange, Queues: []broker.Queue{{Name: c.Queue, Bindings: []string{EventNotificationRequested}}}}
 	if err := t.Validate(); err != nil {

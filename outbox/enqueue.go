@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,10 +74,55 @@ type Event struct {
 	// the backlog, until due. Zero, or a time already past, publishes at
 	// once. Optional.
 	DueAt time.Time
+	// Destination names the outbox the event belongs to: only a relay
+	// whose RelayConfig.Destination is the same claims and publishes it
+	// (see the package documentation, "Destinations"), e.g. the service's
+	// name or the exchange its relay publishes to. At most
+	// MaxDestinationBytes bytes of printable ASCII without spaces.
+	// Defaults to DefaultDestination ("default").
+	Destination string
+	// UniqueKey, when not empty, makes the event unique for UniqueFor: an
+	// Enqueue of an event with the same UniqueKey less than UniqueFor
+	// after this one (by the database clock, from the start of this
+	// event's transaction) inserts nothing and returns this event's id
+	// (see the package documentation, "Unique events"). The key is
+	// database-wide, across types and destinations: include the type in
+	// it when two types could share one, e.g. "email.welcome:user-42".
+	// At most MaxUniqueKeyBytes bytes of valid UTF-8. Optional.
+	UniqueKey string
+	// UniqueFor is the window of UniqueKey, at least a microsecond (the
+	// database's resolution). Required with UniqueKey, and must be zero
+	// without it.
+	UniqueFor time.Duration
 }
 
 // MaxAppIDBytes bounds Event.AppID (bytes).
 const MaxAppIDBytes = 255
+
+// DefaultDestination is the destination of an Event that names none, and
+// the one a relay without RelayConfig.Destination claims. Migration 5
+// gave it to the rows enqueued before destinations existed.
+const DefaultDestination = "default"
+
+// MaxDestinationBytes bounds Event.Destination and
+// RelayConfig.Destination (bytes).
+const MaxDestinationBytes = 255
+
+// MaxUniqueKeyBytes bounds Event.UniqueKey (bytes).
+const MaxUniqueKeyBytes = 1000
+
+// ValidateDestination reports what is wrong with the destination name d
+// ("" stands for DefaultDestination and is valid), or nil: at most
+// MaxDestinationBytes bytes of printable ASCII without spaces.
+func ValidateDestination(d string) error {
+	if len(d) > MaxDestinationBytes {
+		return fmt.Errorf("is %d bytes, at most %d", len(d), MaxDestinationBytes)
+	}
+	if strings.ContainsFunc(d, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return errors.New("must be printable ASCII without spaces")
+	}
+	return nil
+}
 
 // Validate reports the first problem with e, naming the field, or nil.
 // The error wraps ErrInvalidEvent.
@@ -101,6 +147,17 @@ func (e Event) validate(i int) error {
 	if len(e.AppID) > MaxAppIDBytes || !utf8.ValidString(e.AppID) ||
 		strings.ContainsFunc(e.AppID, func(r rune) bool { return r < ' ' || r == 0x7f }) {
 		return fmt.Errorf("%w: %s %q: want at most %d bytes of valid UTF-8 without control characters", ErrInvalidEvent, field("AppID"), clipID(e.AppID), MaxAppIDBytes)
+	}
+	if err := ValidateDestination(e.Destination); err != nil {
+		return fmt.Errorf("%w: %s %q: %s", ErrInvalidEvent, field("Destination"), clipID(e.Destination), err)
+	}
+	switch {
+	case len(e.UniqueKey) > MaxUniqueKeyBytes || !utf8.ValidString(e.UniqueKey):
+		return fmt.Errorf("%w: %s %q: want at most %d bytes of valid UTF-8", ErrInvalidEvent, field("UniqueKey"), clipID(e.UniqueKey), MaxUniqueKeyBytes)
+	case e.UniqueKey != "" && e.UniqueFor < time.Microsecond:
+		return fmt.Errorf("%w: %s %v: want at least 1µs with a UniqueKey", ErrInvalidEvent, field("UniqueFor"), e.UniqueFor)
+	case e.UniqueKey == "" && e.UniqueFor != 0:
+		return fmt.Errorf("%w: %s %v: set without a UniqueKey", ErrInvalidEvent, field("UniqueFor"), e.UniqueFor)
 	}
 	for k, v := range e.Headers {
 		if err := validateHeader(k, v); err != nil {
@@ -166,33 +223,93 @@ func validateType(t string) error {
 // than now(): the event "occurs" when it is due, so the backlog statistics,
 // the stuck-outbox alert and the end-to-end latency (broker.HeaderCreatedAt)
 // start counting then, not while it waits as planned.
-const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers, next_attempt_at, occurred_at)
-SELECT t, k, p, h, d, GREATEST(now(), d)
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::timestamptz[]) WITH ORDINALITY AS e(t, k, p, h, d, ord)
+const enqueueSQL = `INSERT INTO outbox (event_type, partition_key, payload, headers, next_attempt_at, occurred_at, destination)
+SELECT t, k, p, h, d, GREATEST(now(), d), dst
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::timestamptz[], $6::text[]) WITH ORDINALITY AS e(t, k, p, h, d, dst, ord)
 ORDER BY ord
 RETURNING id`
 
-// enqueueArgs are the arrays enqueueSQL inserts, one element per event.
+// uniqueSQL enqueues one unique event (Event.UniqueKey $1, UniqueFor $2
+// microseconds): it takes the next outbox id and upserts the key's
+// outbox_unique row. A new key, or one whose window has passed, gets the
+// new id and a new window, and the event row is inserted under that id; a
+// key still inside its window keeps its row, so nothing is inserted, and
+// the statement returns the id of the key's event either way. A concurrent
+// transaction holding an uncommitted row of the key makes the INSERT wait
+// for it (the primary key), then act on its committed row or, when it
+// rolled back, insert. The DO UPDATE always writes (to the same values
+// inside the window) so that RETURNING gives the row's current event_id.
+const uniqueSQL = `WITH n AS (SELECT nextval('outbox_id_seq') AS id),
+u AS (
+  INSERT INTO outbox_unique AS o (unique_key, event_id, expires_at)
+  SELECT $1, n.id, now() + $2::bigint * interval '1 microsecond' FROM n
+  ON CONFLICT (unique_key) DO UPDATE
+    SET event_id = CASE WHEN o.expires_at <= now() THEN EXCLUDED.event_id ELSE o.event_id END,
+        expires_at = CASE WHEN o.expires_at <= now() THEN EXCLUDED.expires_at ELSE o.expires_at END
+  RETURNING o.event_id
+),
+i AS (
+  INSERT INTO outbox (id, event_type, partition_key, payload, headers, next_attempt_at, occurred_at, destination)
+  SELECT u.event_id, $3::text, $4::text, $5::bytea, $6::jsonb, $7::timestamptz, GREATEST(now(), $7::timestamptz), $8::text
+  FROM u JOIN n ON u.event_id = n.id
+  RETURNING id
+)
+SELECT event_id FROM u`
+
+// enqueueArgs are the values the statements insert, one element per event.
 type enqueueArgs struct {
-	types, keys, headers []string
-	bodies               [][]byte
-	due                  []pgtype.Timestamptz
+	types, keys, headers, dests []string
+	bodies                      [][]byte
+	due                         []pgtype.Timestamptz
+	events                      []Event
 	// allLater is true when every event has a DueAt in the future: no
 	// relay can publish them now, so a NOTIFY would only cost the commit.
 	allLater bool
 }
 
-// prepare validates events and builds the arguments of enqueueSQL.
+// statement is one INSERT of Enqueue: enqueueSQL for a run of n events
+// without a UniqueKey, uniqueSQL for one unique event.
+type statement struct {
+	sql  string
+	args []any
+	n    int
+}
+
+// statements splits the events into statements run in the events' order,
+// so the ids, taken from one sequence, follow that order.
+func (a *enqueueArgs) statements() []statement {
+	var out []statement
+	for i := 0; i < len(a.events); {
+		if e := a.events[i]; e.UniqueKey != "" {
+			out = append(out, statement{sql: uniqueSQL, n: 1, args: []any{e.UniqueKey, e.UniqueFor.Microseconds(),
+				a.types[i], a.keys[i], a.bodies[i], a.headers[i], a.due[i], a.dests[i]}})
+			i++
+			continue
+		}
+		j := i
+		for j < len(a.events) && a.events[j].UniqueKey == "" {
+			j++
+		}
+		out = append(out, statement{sql: enqueueSQL, n: j - i,
+			args: []any{a.types[i:j], a.keys[i:j], a.bodies[i:j], a.headers[i:j], a.due[i:j], a.dests[i:j]}})
+		i = j
+	}
+	return out
+}
+
+// prepare validates events and builds the arguments of the statements.
 func prepare(events []Event) (*enqueueArgs, error) {
 	n := len(events)
 	a := &enqueueArgs{types: make([]string, n), keys: make([]string, n), headers: make([]string, n),
-		bodies: make([][]byte, n), due: make([]pgtype.Timestamptz, n), allLater: true}
+		dests: make([]string, n), bodies: make([][]byte, n), due: make([]pgtype.Timestamptz, n),
+		events: events, allLater: true}
 	now := time.Now()
 	for i, e := range events {
 		if err := e.validate(i); err != nil {
 			return nil, err
 		}
 		a.types[i], a.keys[i], a.bodies[i] = e.Type, e.Key, e.Body
+		a.dests[i] = cmp.Or(e.Destination, DefaultDestination)
 		a.headers[i] = "{}"
 		h := e.Headers
 		if e.AppID != "" {
@@ -228,8 +345,12 @@ func prepare(events []Event) (*enqueueArgs, error) {
 // Enqueue stores events in the outbox inside the caller's transaction tx,
 // so they are published if and only if tx commits, and returns their row
 // ids (the broker.Message.ID the relay publishes them under, as decimal
-// strings) in the order of events. All events are inserted by one
-// statement, and the same transaction sends a NOTIFY on NotifyChannel that
+// strings) in the order of events. The events are inserted in one round
+// trip: one statement for the events without a UniqueKey (one per run of
+// them between unique events) and one per unique event. An event whose
+// UniqueKey is still inside the window of an earlier event is not
+// inserted, and its id is that earlier event's (see the package
+// documentation, "Unique events"). The same transaction sends a NOTIFY on NotifyChannel that
 // wakes the relays when it commits, unless another Enqueue of this process
 // on the same database did so less than the notify window ago
 // (SetNotifyWindow, default 2 ms; see the package documentation,
@@ -253,8 +374,11 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
+	stmts := a.statements()
 	batch := &pgx.Batch{}
-	batch.Queue(enqueueSQL, a.types, a.keys, a.bodies, a.headers, a.due)
+	for _, st := range stmts {
+		batch.Queue(st.sql, st.args...)
+	}
 	notify, forget := false, func() {}
 	if !a.allLater {
 		notify, forget = shouldNotify(tx)
@@ -264,9 +388,22 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	}
 	br := tx.SendBatch(ctx, batch)
 	ids := make([]int64, 0, len(events))
-	rows, err := br.Query()
-	if err == nil {
-		ids, err = pgx.AppendRows(ids, rows, pgx.RowTo[int64])
+	for _, st := range stmts {
+		if err != nil {
+			break
+		}
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			start := len(ids)
+			ids, err = pgx.AppendRows(ids, rows, pgx.RowTo[int64])
+			// The ids of one statement come from one sequence, assigned
+			// in the order of ORDER BY ord, so ascending ids are the
+			// events' order whatever order RETURNING used.
+			slices.Sort(ids[start:])
+			if err == nil && len(ids)-start != st.n {
+				err = fmt.Errorf("inserted %d rows for %d events", len(ids)-start, st.n)
+			}
+		}
 	}
 	if err == nil && notify {
 		_, err = br.Exec()
@@ -281,11 +418,5 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 		}
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	if len(ids) != len(events) {
-		return nil, fmt.Errorf("outbox: enqueue: inserted %d rows for %d events", len(ids), len(events))
-	}
-	// The ids come from one sequence, assigned in the order of ORDER BY ord,
-	// so ascending ids are the events' order whatever order RETURNING used.
-	slices.Sort(ids)
 	return ids, nil
 }

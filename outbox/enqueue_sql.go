@@ -40,33 +40,36 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]int64, erro
 		}
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, enqueueSQL, a.types, a.keys, a.bodies, a.headers, a.due)
-	if err != nil {
-		return fail(err)
-	}
 	ids := make([]int64, 0, len(events))
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
+	for _, st := range a.statements() {
+		rows, err := tx.QueryContext(ctx, st.sql, st.args...)
+		if err != nil {
 			return fail(err)
 		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		return fail(err)
-	}
-	if err := rows.Close(); err != nil {
-		return fail(err)
+		start := len(ids)
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return fail(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			return fail(err)
+		}
+		if err := rows.Close(); err != nil {
+			return fail(err)
+		}
+		slices.Sort(ids[start:])
+		if len(ids)-start != st.n {
+			return nil, fmt.Errorf("outbox: enqueue: inserted %d rows for %d events", len(ids)-start, st.n)
+		}
 	}
 	if !a.allLater {
 		if _, err := tx.ExecContext(ctx, "SELECT pg_notify($1, '')", NotifyChannel); err != nil {
 			return fail(err)
 		}
 	}
-	if len(ids) != len(events) {
-		return nil, fmt.Errorf("outbox: enqueue: inserted %d rows for %d events", len(ids), len(events))
-	}
-	slices.Sort(ids)
 	return ids, nil
 }

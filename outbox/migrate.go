@@ -25,9 +25,10 @@ const migrationLockID int64 = 0x6665727279_0b // "ferry" + outbox
 var migrationFiles embed.FS
 
 // Migrate brings the outbox schema up to date on the database of pool: the
-// outbox table with its partial index outbox_unprocessed_idx (WHERE
-// processed_at IS NULL), the processed_messages table the workers
-// deduplicate with, and the other tables of the package doc's "Schema"
+// outbox table with its partial indexes of the unprocessed rows (WHERE
+// processed_at IS NULL, per destination), the outbox_unique table of
+// Event.UniqueKey, the processed_messages table the workers deduplicate
+// with, and the other tables of the package doc's "Schema"
 // (worker_attempts, ferry_periodic). The SQL is embedded in the binary;
 // the applied versions are recorded in MigrationsTable. Running it again
 // is a no-op, and

@@ -85,8 +85,8 @@ func TestMigrateEmptyThenNoop(t *testing.T) {
 	}
 
 	var indexDef string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox' AND indexname = 'outbox_unprocessed_idx'`).Scan(&indexDef))
-	require.Contains(t, indexDef, "(id)")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox' AND indexname = 'outbox_unprocessed_dest_idx'`).Scan(&indexDef))
+	require.Contains(t, indexDef, "(destination, id)")
 	require.Contains(t, indexDef, "WHERE (processed_at IS NULL)")
 
 	var pk string

@@ -17,14 +17,14 @@ var ErrNotParked = errors.New("outbox: not a parked row")
 
 const retryParkedSQL = `UPDATE outbox SET next_attempt_at = NULL
 WHERE id = $1 AND processed_at IS NULL AND attempts > 0
-RETURNING id, event_type, attempts, COALESCE(last_error, ''), occurred_at, NULL::timestamptz`
+RETURNING id, destination, event_type, attempts, COALESCE(last_error, ''), occurred_at, NULL::timestamptz`
 
 const dropParkedSQL = `DELETE FROM outbox
 WHERE id = $1 AND processed_at IS NULL AND attempts > 0
-RETURNING id, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at`
+RETURNING id, destination, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at`
 
 // RetryParked makes the parked row id (see Stats.ParkedRows) due now: the
-// next claim of any relay publishes it, whatever its backoff said. It
+// next claim of any relay of its destination publishes it, whatever its backoff said. It
 // keeps attempts and last_error, and returns the row as it was found. It
 // returns an error wrapping ErrNotParked when id is not a parked row.
 // Per-key order: the row goes out after the rows of its key that were
@@ -50,7 +50,7 @@ func parkedOp(ctx context.Context, pool *pgxpool.Pool, op, sql string, id int64)
 		p    ParkedRow
 		next *time.Time
 	)
-	err := pool.QueryRow(ctx, sql, id).Scan(&p.ID, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
+	err := pool.QueryRow(ctx, sql, id).Scan(&p.ID, &p.Destination, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return ParkedRow{}, fmt.Errorf("%w: id %d (no unprocessed row with attempts > 0; see ferry outbox stats)", ErrNotParked, id)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -70,6 +71,14 @@ type RelayConfig struct {
 	// Type no queue is bound to fails with broker.ErrUnroutable and is
 	// retried with backoff like any other failing row.
 	Broker broker.Broker
+	// Destination is the outbox this relay publishes: it claims only the
+	// rows whose Event.Destination is Destination, and never touches (so
+	// never publishes or parks) another destination's rows, which their
+	// own relays publish (see the package documentation, "Destinations").
+	// Give the relays of each topology (exchange) their own destination
+	// and enqueue with it. At most MaxDestinationBytes bytes of printable
+	// ASCII without spaces. Defaults to DefaultDestination ("default").
+	Destination string
 	// BatchSize is the number of rows claimed and published per
 	// transaction, 1..MaxBatchSize. Defaults to DefaultBatchSize (100).
 	BatchSize int
@@ -238,6 +247,12 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.Broker == nil {
 		return nil, fmt.Errorf("%w: Broker is required", ErrInvalidConfig)
 	}
+	if err := ValidateDestination(cfg.Destination); err != nil {
+		return nil, fmt.Errorf("%w: Destination %q: %v", ErrInvalidConfig, cfg.Destination, err)
+	}
+	if cfg.Destination == "" {
+		cfg.Destination = DefaultDestination
+	}
 	type dur struct {
 		name string
 		v    *time.Duration
@@ -320,7 +335,7 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // every RetentionInterval. Unreachable brokers and databases are waited
 // out with backoff, not returned. Run returns an error only when the
 // broker was closed (broker.ErrClosed) or when it is already running.
-// It logs "outbox: relay: started" (with the broker, batch size,
+// It logs "outbox: relay: started" (with the broker, destination, batch size,
 // concurrency, poll interval and retention) and "outbox: relay: stopped"
 // at INFO on RelayConfig.Logger, as worker.Worker.Run logs "worker:
 // started" and "worker: stopped".
@@ -366,7 +381,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 	}
 	r.signal()
-	r.log.Info("outbox: relay: started", "broker", r.brokerName, "batch_size", r.cfg.BatchSize,
+	r.log.Info("outbox: relay: started", "broker", r.brokerName, "destination", r.cfg.Destination, "batch_size", r.cfg.BatchSize,
 		"concurrency", r.cfg.Concurrency, "poll_interval", r.cfg.PollInterval, "retention", r.cfg.Retention)
 	wg.Wait()
 	r.log.Info("outbox: relay: stopped", "broker", r.brokerName)
@@ -822,9 +837,14 @@ const (
 )
 
 // claimSQL claims the due rows in id order, skipping the rows other
-// claimers hold (SKIP LOCKED), among the ids below the lowest due id plus
-// $2 (claimWindow): a claim whose keys are all held by others gives up
-// there instead of walking the whole backlog.
+// claimers hold (SKIP LOCKED), among the ids from the lowest due id (lo:
+// the lowest id without next_attempt_at, the first entry of
+// outbox_ready_dest_idx after ($3, 0), NULL when that is another
+// destination's, or the lowest whose next_attempt_at has passed, a range
+// of outbox_waiting_dest_idx) to that plus $2 (claimWindow): a
+// claim whose keys are all held by others gives up there instead of
+// walking the whole backlog, and the rows waiting below the lowest due
+// one (scheduled, parked) are not read.
 //
 // A keyed row is claimed only together with its key's slot lock, taken
 // (in the CASE, before the row lock) while the index is walked in id
@@ -839,24 +859,45 @@ const (
 // which only defers the key's rows by one batch. A row not yet due
 // (next_attempt_at in the future) is not claimable and does not hold back
 // the rows behind it.
-var claimSQL = fmt.Sprintf(`WITH c AS (
+//
+// Everything is within the relay's destination $3 (RelayConfig.Destination;
+// the indexes of migration 5 lead with it), so the rows of other
+// destinations are neither read nor locked, and the key order is per
+// destination. The bounds are row comparisons on (destination, id),
+// whose two ends hold destination to $3, and the order is (destination,
+// id): only those indexes serve them, as the start and end of an ordered
+// index range, so the walk stops after $1 claimable rows. With plain
+// "destination = $3 AND id < x ... ORDER BY id" the planner, which takes
+// destination and processed_at for independent, may walk the primary key
+// in id order and filter out every processed row and every other
+// destination's row (TestClaimReadsOnlyItsDestination). The slot of a key
+// mixes in $4 (destinationSalt), so relays of two destinations do not
+// wait for each other's keys.
+var claimSQL = fmt.Sprintf(`WITH lo AS (
+  SELECT COALESCE(LEAST(
+    (SELECT CASE WHEN r.destination = $3 THEN r.id END FROM outbox r
+     WHERE r.processed_at IS NULL AND r.next_attempt_at IS NULL AND (r.destination, r.id) > ($3, 0)
+     ORDER BY r.destination, r.id LIMIT 1),
+    (SELECT min(w.id) FROM outbox w
+     WHERE w.processed_at IS NULL AND w.next_attempt_at IS NOT NULL AND w.destination = $3 AND w.next_attempt_at <= now())), 0) AS id
+), c AS (
   SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts
   FROM outbox
   WHERE processed_at IS NULL
-    AND id < COALESCE((SELECT min(w.id) FROM outbox w
-                       WHERE w.processed_at IS NULL AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= now())), 0) + $2
+    AND (destination, id) >= ($3, (SELECT id FROM lo))
+    AND (destination, id) < ($3, (SELECT id FROM lo) + $2)
     AND CASE
           WHEN next_attempt_at > now() THEN false
           WHEN partition_key = '' THEN true
-          ELSE pg_try_advisory_xact_lock(%d, hashtext(partition_key) & %d)
+          ELSE pg_try_advisory_xact_lock(%d, (hashtext(partition_key) # $4::int) & %d)
         END
-  ORDER BY id
+  ORDER BY destination, id
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), overtaken AS (
   SELECT f.k FROM (SELECT partition_key AS k, min(id) AS first_id FROM c WHERE partition_key <> '' GROUP BY partition_key) f
   WHERE EXISTS (SELECT 1 FROM outbox e
-                WHERE e.partition_key = f.k AND e.processed_at IS NULL AND e.id < f.first_id
+                WHERE e.destination = $3 AND e.partition_key = f.k AND e.processed_at IS NULL AND e.id < f.first_id
                   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))
 )
 SELECT c.id, c.event_type, c.partition_key, c.payload, c.headers, c.occurred_at, c.attempts,
@@ -917,7 +958,7 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	claim := &pgx.Batch{}
 	began := time.Now() // about when the transaction's now() is taken
 	claim.Queue("BEGIN")
-	claim.Queue(claimSQL, r.cfg.BatchSize, r.claimWindow())
+	claim.Queue(claimSQL, r.cfg.BatchSize, r.claimWindow(), r.cfg.Destination, destinationSalt(r.cfg.Destination))
 	br := c.SendBatch(ctx, claim)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -1077,6 +1118,18 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		}
 	}
 	return res
+}
+
+// destinationSalt is the claim's $4: 0 for DefaultDestination, so its key
+// slots are those of the relays before destinations existed, and an FNV-1a
+// hash of the name for the others.
+func destinationSalt(d string) int32 {
+	if d == DefaultDestination {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(d))
+	return int32(h.Sum32())
 }
 
 // claimWindow is how many ids, from the lowest due one, a claim looks at:

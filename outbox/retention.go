@@ -19,6 +19,9 @@ type PruneResult struct {
 	// records not updated for olderThan, left by messages that vanished
 	// from the broker (purged) between a failed attempt and the next.
 	WorkerAttempts int64
+	// UniqueKeys is the number of outbox_unique rows deleted: unique keys
+	// (Event.UniqueKey) whose window had ended, whatever olderThan.
+	UniqueKeys int64
 }
 
 const pruneOutboxSQL = `DELETE FROM outbox WHERE id IN (
@@ -39,10 +42,19 @@ const pruneAttemptsSQL = `DELETE FROM worker_attempts WHERE (consumer, message_i
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
 
+// pruneUniqueSQL deletes the unique keys whose window has ended: an
+// Enqueue would replace them anyway. $1 (olderThan) does not apply.
+const pruneUniqueSQL = `DELETE FROM outbox_unique WHERE unique_key IN (
+	SELECT unique_key FROM outbox_unique
+	WHERE expires_at < now() AND $1::bigint IS NOT NULL
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+
 // Prune deletes outbox rows processed more than olderThan ago (rows not
 // yet processed are never deleted), processed_messages rows recorded
 // more than olderThan ago and the workers' attempt records (worker_attempts)
-// last updated more than olderThan ago, batch rows per DELETE statement (batch <= 0
+// last updated more than olderThan ago, and the unique keys whose window
+// has ended (Event.UniqueFor), batch rows per DELETE statement (batch <= 0
 // means DefaultRetentionBatch), until none is left. Each statement is its
 // own short transaction, so Prune can run beside a busy relay; several
 // Prunes at once skip each other's rows. It returns what it deleted, also
@@ -66,6 +78,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, bat
 		{"outbox", pruneOutboxSQL, &res.Outbox},
 		{"processed_messages", pruneProcessedSQL, &res.ProcessedMessages},
 		{"worker_attempts", pruneAttemptsSQL, &res.WorkerAttempts},
+		{"outbox_unique", pruneUniqueSQL, &res.UniqueKeys},
 	} {
 		for {
 			if err := ctx.Err(); err != nil {
@@ -101,9 +114,9 @@ func (r *Relay) retain(ctx context.Context) {
 			r.log.Warn("outbox: relay: retention failed, will retry", "err", err)
 		case err == nil:
 			failing = false
-			if res.Outbox > 0 || res.ProcessedMessages > 0 || res.WorkerAttempts > 0 {
+			if res.Outbox > 0 || res.ProcessedMessages > 0 || res.WorkerAttempts > 0 || res.UniqueKeys > 0 {
 				r.log.Debug("outbox: relay: retention", "outbox_deleted", res.Outbox, "processed_messages_deleted", res.ProcessedMessages,
-					"worker_attempts_deleted", res.WorkerAttempts)
+					"worker_attempts_deleted", res.WorkerAttempts, "unique_keys_deleted", res.UniqueKeys)
 			}
 		}
 		if !sleep(ctx, r.cfg.RetentionInterval) {

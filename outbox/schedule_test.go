@@ -61,7 +61,7 @@ func TestClaimDoesNotReadWaitingRows(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE outbox`)
 	require.NoError(t, err)
 	rows, err := pool.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF) SELECT id FROM outbox
-		WHERE processed_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+		WHERE processed_at IS NULL AND destination = 'default' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
 		ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -70,8 +70,8 @@ func TestClaimDoesNotReadWaitingRows(t *testing.T) {
 	for _, l := range lines {
 		plan += l + "\n"
 	}
-	require.Contains(t, plan, "outbox_ready_idx", plan)
-	require.Contains(t, plan, "outbox_waiting_idx", plan)
+	require.Contains(t, plan, "outbox_ready_dest_idx", plan)
+	require.Contains(t, plan, "outbox_waiting_dest_idx", plan)
 	require.NotContains(t, plan, "Rows Removed by Filter: 20000", plan)
 }
 

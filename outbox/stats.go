@@ -21,8 +21,8 @@ type Stats struct {
 	Unprocessed int64
 	// OldestUnprocessedAge is how long ago the oldest unprocessed row was
 	// enqueued, or became due for a scheduled row (by the database clock;
-	// the oldest among the 1000 lowest unprocessed ids); 0 when there is
-	// none.
+	// the oldest among the 1000 lowest unprocessed ids of each
+	// destination); 0 when there is none.
 	OldestUnprocessedAge time.Duration
 	// Scheduled is the number of rows enqueued with a DueAt still in the
 	// future (Event.DueAt): they wait as planned, and are neither backlog
@@ -41,6 +41,21 @@ type Stats struct {
 	Parked int64
 	// ParkedRows lists up to MaxParkedRows parked rows, oldest first.
 	ParkedRows []ParkedRow
+	// Destinations splits Unprocessed, Scheduled and Parked by
+	// destination (Event.Destination), one entry per destination with
+	// unprocessed rows, in name order; empty when there are none. A
+	// destination whose backlog grows while the others drain has no
+	// relay running (RelayConfig.Destination).
+	Destinations []DestinationStats
+}
+
+// DestinationStats is the part of a Stats snapshot of one destination.
+type DestinationStats struct {
+	// Destination is the destination's name.
+	Destination string
+	// Unprocessed, Scheduled and Parked are as in Stats, for the rows of
+	// this destination.
+	Unprocessed, Scheduled, Parked int64
 }
 
 // ParkedRow is an unprocessed row whose publication failed for a reason
@@ -48,6 +63,10 @@ type Stats struct {
 type ParkedRow struct {
 	// ID is the row id (the message ID as a decimal number).
 	ID int64
+	// Destination is the outbox the row belongs to (Event.Destination):
+	// only a relay of that destination publishes it, so a row parked as
+	// unroutable is a problem of that destination's topology.
+	Destination string
 	// Type is the event type.
 	Type string
 	// Attempts is the number of failed publications.
@@ -62,17 +81,32 @@ type ParkedRow struct {
 }
 
 // statsSQL: a scheduled row not yet due has occurred_at (its DueAt) in
-// the future (enqueueSQL).
-const statsSQL = `SELECT
-	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND occurred_at <= now()),
-	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)) * 1000, 0)::bigint
-	   FROM (SELECT occurred_at FROM outbox WHERE processed_at IS NULL AND occurred_at <= now() ORDER BY id LIMIT 1000) o),
-	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND occurred_at > now() AND attempts = 0),
+// the future (enqueueSQL). dests lists the destinations with unprocessed
+// rows by skipping through outbox_unprocessed_dest_idx (one probe per
+// destination), and the oldest age looks at the 1000 lowest ids of each.
+const statsSQL = `WITH RECURSIVE dests(dest) AS (
+	SELECT min(destination) FROM outbox WHERE processed_at IS NULL
+	UNION ALL
+	SELECT (SELECT min(destination) FROM outbox WHERE processed_at IS NULL AND destination > d.dest)
+	FROM dests d WHERE d.dest IS NOT NULL
+)
+SELECT
+	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(o.occurred_at)) * 1000, 0)::bigint
+	   FROM dests d, LATERAL (SELECT occurred_at FROM outbox WHERE processed_at IS NULL AND destination = d.dest
+	                           AND occurred_at <= now() ORDER BY id LIMIT 1000) o),
 	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 minute'),
-	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 hour'),
-	(SELECT count(*) FROM outbox WHERE processed_at IS NULL AND attempts > 0)`
+	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 hour')`
 
-const parkedSQL = `SELECT id, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at
+// destinationsSQL counts the unprocessed rows per destination; Stats'
+// totals are their sums.
+const destinationsSQL = `SELECT destination,
+	count(*) FILTER (WHERE occurred_at <= now()),
+	count(*) FILTER (WHERE occurred_at > now() AND attempts = 0),
+	count(*) FILTER (WHERE attempts > 0)
+FROM outbox WHERE processed_at IS NULL
+GROUP BY destination ORDER BY destination`
+
+const parkedSQL = `SELECT id, destination, event_type, attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at
 FROM outbox WHERE processed_at IS NULL AND attempts > 0 ORDER BY id LIMIT $1`
 
 // ReadStats reads a Stats snapshot from the database of pool. It only
@@ -90,8 +124,28 @@ func ReadStats(ctx context.Context, pool *pgxpool.Pool) (Stats, error) {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}
 	var ageMS int64
-	if err := pool.QueryRow(ctx, statsSQL).Scan(&s.Unprocessed, &ageMS, &s.Scheduled, &s.ProcessedLastMinute, &s.ProcessedLastHour, &s.Parked); err != nil {
+	if err := pool.QueryRow(ctx, statsSQL).Scan(&ageMS, &s.ProcessedLastMinute, &s.ProcessedLastHour); err != nil {
 		return Stats{}, wrap(err)
+	}
+	drows, err := pool.Query(ctx, destinationsSQL)
+	if err != nil {
+		return Stats{}, wrap(err)
+	}
+	s.Destinations, err = pgx.CollectRows(drows, func(row pgx.CollectableRow) (DestinationStats, error) {
+		var d DestinationStats
+		err := row.Scan(&d.Destination, &d.Unprocessed, &d.Scheduled, &d.Parked)
+		return d, err
+	})
+	if err != nil {
+		return Stats{}, wrap(err)
+	}
+	if len(s.Destinations) == 0 {
+		s.Destinations = nil
+	}
+	for _, d := range s.Destinations {
+		s.Unprocessed += d.Unprocessed
+		s.Scheduled += d.Scheduled
+		s.Parked += d.Parked
 	}
 	s.OldestUnprocessedAge = max(time.Duration(ageMS)*time.Millisecond, 0)
 	if s.Parked == 0 {
@@ -104,7 +158,7 @@ func ReadStats(ctx context.Context, pool *pgxpool.Pool) (Stats, error) {
 	s.ParkedRows, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ParkedRow, error) {
 		var p ParkedRow
 		var next *time.Time
-		err := row.Scan(&p.ID, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
+		err := row.Scan(&p.ID, &p.Destination, &p.Type, &p.Attempts, &p.LastError, &p.OccurredAt, &next)
 		if next != nil {
 			p.NextAttemptAt = *next
 		}

@@ -308,7 +308,7 @@ func apiCommand() *cli.Command {
 		Usage: "serve the notification HTTP API (POST /notifications, GET /notifications/{id})",
 		// No broker flags: the API only writes the outbox, which the relay
 		// publishes.
-		Flags: concat(databaseFlags(false), apiFlags(DefaultAddr), shutdownFlags(), metricsFlags(""), logFlags("")),
+		Flags: concat(databaseFlags(false), destinationFlags(), apiFlags(DefaultAddr), shutdownFlags(), metricsFlags(""), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runAPI(ctx) })
 		},
@@ -319,7 +319,7 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "publish committed outbox rows to the broker",
-		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags("")),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), destinationFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
 		},
@@ -362,7 +362,7 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {

@@ -38,6 +38,7 @@ func TestUsageErrors(t *testing.T) {
 		{"retention short", []string{"relay", "--retention", "1s"}, []string{"--retention 1s", "at least 1h0m0s"}},
 		{"retention below retries", []string{"relay", "--retry-delay", "1s,1h", "--retention", "2h"}, []string{"--retention 2h0m0s", "at least 5h0m0s", "--retry-delay"}},
 		{"retention below run's retries", []string{"run", "--retry-delay", "1h", "--max-attempts", "10", "--retention", "9h"}, []string{"--retention 9h0m0s", "at least 10h0m0s"}},
+		{"destination", []string{"relay", "--destination", "two words"}, []string{`--destination "two words"`, "printable ASCII without spaces"}},
 		{"max attempts", []string{"worker", "--max-attempts", "0"}, []string{"--max-attempts 0", "at least 1"}},
 		{"batch size", []string{"relay", "--batch-size", "-3"}, []string{"--batch-size -3"}},
 		{"log format", []string{"migrate", "--log-format", "xml"}, []string{"--log-format", "text or json"}},

@@ -47,15 +47,16 @@ func names(sets ...[]string) []string {
 // not here for a command must be refused by it.
 var usedFlags = map[string][]string{
 	"migrate": names([]string{"database-url"}, logFlagNames),
-	// The API only writes the outbox: no broker, topology or SMTP flags.
-	"api": names([]string{"database-url", "addr", "debug-fail-after-outbox", "shutdown-timeout"}, metricsNames, logFlagNames),
-	"relay": names([]string{"database-url"}, brokerConnNames, topologyNames, relayNames, []string{"shutdown-timeout"},
+	// The API only writes the outbox: no broker, topology or SMTP flags
+	// (--destination names the outbox it writes).
+	"api": names([]string{"database-url", "destination", "addr", "debug-fail-after-outbox", "shutdown-timeout"}, metricsNames, logFlagNames),
+	"relay": names([]string{"database-url", "destination"}, brokerConnNames, topologyNames, relayNames, []string{"shutdown-timeout"},
 		metricsNames, alertNames, logFlagNames),
 	"worker": names([]string{"database-url"}, brokerConnNames, topologyNames, workerNames, smtpNames, []string{"shutdown-timeout"},
 		metricsNames, logFlagNames),
-	"run": names([]string{"database-url"}, brokerConnNames, topologyNames, []string{"addr", "debug-fail-after-outbox"}, relayNames,
+	"run": names([]string{"database-url", "destination"}, brokerConnNames, topologyNames, []string{"addr", "debug-fail-after-outbox"}, relayNames,
 		workerNames, smtpNames, []string{"shutdown-timeout", "data-dir"}, metricsNames, alertNames, logFlagNames),
-	"demo": names([]string{"database-url"}, brokerConnNames, topologyNames, relayNames, workerNames, smtpNames,
+	"demo": names([]string{"database-url", "destination"}, brokerConnNames, topologyNames, relayNames, workerNames, smtpNames,
 		[]string{"shutdown-timeout", "data-dir"}, logFlagNames, []string{"file", "timeout", "clients"}),
 	"dlq":          nil,
 	"dlq list":     names(brokerConnNames, []string{"exchange", "queue"}, logFlagNames, []string{"limit", "error-contains", "app-id", "format"}),

@@ -20,7 +20,7 @@ func outboxCommand() *cli.Command {
 		Usage: "inspect the outbox, retry or drop parked rows",
 		Subcommands: []*cli.Command{{
 			Name:   "stats",
-			Usage:  "unprocessed rows, age of the oldest, rows published in the last minute and hour, parked rows",
+			Usage:  "unprocessed rows, age of the oldest, rows published in the last minute and hour, parked rows; split by destination when there are several",
 			Flags:  concat(databaseFlags(false), logFlags("warn"), []cli.Flag{formatFlag()}),
 			Action: outboxStats,
 		}, {
@@ -92,7 +92,7 @@ func outboxParked(c *cli.Context, op string) error {
 		if err != nil {
 			return fmt.Errorf("ferry: outbox %s: %d done before the error: %w", op, len(done), err)
 		}
-		log.Info("outbox "+op, "id", p.ID, "type", p.Type, "attempts", p.Attempts, "last_error", p.LastError,
+		log.Info("outbox "+op, "id", p.ID, "destination", p.Destination, "type", p.Type, "attempts", p.Attempts, "last_error", p.LastError,
 			"by", who, "at", time.Now().UTC().Format(time.RFC3339))
 		done = append(done, strconv.FormatInt(id, 10))
 	}
@@ -114,10 +114,19 @@ type statsJSON struct {
 	ProcessedLastHour       int64        `json:"processed_last_hour"`
 	Parked                  int64        `json:"parked"`
 	ParkedRows              []parkedJSON `json:"parked_rows"`
+	Destinations            []destJSON   `json:"destinations"`
+}
+
+type destJSON struct {
+	Destination string `json:"destination"`
+	Unprocessed int64  `json:"unprocessed"`
+	Scheduled   int64  `json:"scheduled"`
+	Parked      int64  `json:"parked"`
 }
 
 type parkedJSON struct {
 	ID            int64      `json:"id"`
+	Destination   string     `json:"destination"`
 	Type          string     `json:"type"`
 	Attempts      int        `json:"attempts"`
 	LastError     string     `json:"last_error"`
@@ -154,10 +163,13 @@ func outboxStats(c *cli.Context) error {
 			Unprocessed: stats.Unprocessed, OldestUnprocessedAgeSec: stats.OldestUnprocessedAge.Seconds(),
 			Scheduled:           stats.Scheduled,
 			ProcessedLastMinute: stats.ProcessedLastMinute, ProcessedLastHour: stats.ProcessedLastHour,
-			Parked: stats.Parked, ParkedRows: []parkedJSON{},
+			Parked: stats.Parked, ParkedRows: []parkedJSON{}, Destinations: []destJSON{},
+		}
+		for _, d := range stats.Destinations {
+			j.Destinations = append(j.Destinations, destJSON{Destination: d.Destination, Unprocessed: d.Unprocessed, Scheduled: d.Scheduled, Parked: d.Parked})
 		}
 		for _, p := range stats.ParkedRows {
-			j.ParkedRows = append(j.ParkedRows, parkedJSON{ID: p.ID, Type: p.Type, Attempts: p.Attempts, LastError: p.LastError, OccurredAt: p.OccurredAt, NextAttemptAt: timePtr(p.NextAttemptAt)})
+			j.ParkedRows = append(j.ParkedRows, parkedJSON{ID: p.ID, Destination: p.Destination, Type: p.Type, Attempts: p.Attempts, LastError: p.LastError, OccurredAt: p.OccurredAt, NextAttemptAt: timePtr(p.NextAttemptAt)})
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -171,16 +183,25 @@ func outboxStats(c *cli.Context) error {
 	fmt.Fprintf(tw, "processed last hour\t%d\n", stats.ProcessedLastHour)
 	fmt.Fprintf(tw, "parked (publication failed)\t%d\n", stats.Parked)
 	tw.Flush()
+	if len(stats.Destinations) > 1 || (len(stats.Destinations) == 1 && stats.Destinations[0].Destination != outbox.DefaultDestination) {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "DESTINATION\tUNPROCESSED\tSCHEDULED\tPARKED")
+		for _, d := range stats.Destinations {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", d.Destination, d.Unprocessed, d.Scheduled, d.Parked)
+		}
+		tw.Flush()
+	}
 	if len(stats.ParkedRows) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tTYPE\tATTEMPTS\tOCCURRED AT\tNEXT ATTEMPT\tLAST ERROR")
+		fmt.Fprintln(tw, "ID\tDESTINATION\tTYPE\tATTEMPTS\tOCCURRED AT\tNEXT ATTEMPT\tLAST ERROR")
 		for _, p := range stats.ParkedRows {
 			next := "next batch"
 			if !p.NextAttemptAt.IsZero() {
 				next = p.NextAttemptAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", p.ID, p.Type, p.Attempts, p.OccurredAt.UTC().Format(time.RFC3339), next, clipText(p.LastError, 100))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", p.ID, p.Destination, p.Type, p.Attempts, p.OccurredAt.UTC().Format(time.RFC3339), next, clipText(p.LastError, 100))
 		}
 		tw.Flush()
 	}

@@ -71,6 +71,7 @@ const (
 	flagLogLevel        = "log-level"
 	flagAddr            = "addr"
 	flagExchange        = "exchange"
+	flagDestination     = "destination"
 	flagQueue           = "queue"
 	flagMaxAttempts     = "max-attempts"
 	flagRetryDelay      = "retry-delay"
@@ -164,6 +165,15 @@ func topologyFlags() []cli.Flag {
 		&cli.StringFlag{Name: flagQueue, Value: app.DefaultQueue, EnvVars: env(flagQueue), Category: catTopology, Usage: "work queue of the notification worker; its DLQ is <queue>.dlq"},
 		&cli.StringFlag{Name: flagRetryDelay, Value: "30s", EnvVars: env(flagRetryDelay), Category: catTopology,
 			Usage: "delay before a retry; a comma list is a backoff list (retry i waits the i-th, the last repeats), e.g. 1s,10s,1m. Every process declaring the queue must use the same list"},
+	}
+}
+
+// destinationFlags: --destination, for the commands that enqueue (api,
+// run, demo) or relay (relay, run, demo) the outbox.
+func destinationFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagDestination, Value: outbox.DefaultDestination, EnvVars: env(flagDestination), Category: catTopology,
+			Usage: "outbox destination: api enqueues its events for it and the relay publishes only its events, so services (or exchanges) sharing a database each use their own"},
 	}
 }
 
@@ -309,6 +319,7 @@ type settings struct {
 	smtpDataTimeout time.Duration // 0: app's default
 	addr            string
 	exchange        string
+	destination     string
 	queue           string
 	retryDelays     []time.Duration
 	maxAttempts     int
@@ -340,6 +351,7 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		smtpDataTimeout: c.Duration(flagSMTPDataTimeout),
 		addr:            c.String(flagAddr),
 		exchange:        c.String(flagExchange),
+		destination:     c.String(flagDestination),
 		queue:           c.String(flagQueue),
 		maxAttempts:     c.Int(flagMaxAttempts),
 		prefetch:        c.Int(flagPrefetch),
@@ -372,6 +384,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	}
 	if qt := s.brokerOpts.RabbitMQQueueType; qt != "" && qt != rabbitmq.QueueTypeClassic && qt != rabbitmq.QueueTypeQuorum {
 		return nil, usagef("--%s %q: want %s or %s", flagRabbitQueueType, qt, rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum)
+	}
+	if err := outbox.ValidateDestination(s.destination); err != nil {
+		return nil, usagef("--%s %q: %v", flagDestination, s.destination, err)
 	}
 	if has(flagRetryDelay) {
 		d, err := parseRetryDelays(c.String(flagRetryDelay))

@@ -200,6 +200,7 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 		DebugFailAfterOutbox: s.debugFail,
 		Logger:               log,
 		Exchange:             s.exchange,
+		Destination:          s.destination,
 		Queue:                s.queue,
 	})
 	if err != nil {
@@ -386,6 +387,7 @@ func (st *stack) runRelay(ctx context.Context) error {
 		Topology:        st.topology(),
 		MaxMessageBytes: app.MaxEventBytes,
 		Relay: &outbox.RelayConfig{
+			Destination:      st.s.destination,
 			OnBatch:          st.obs.onBatch(),
 			BatchSize:        st.s.batchSize,
 			PollInterval:     st.s.pollInterval,

@@ -1,0 +1,4 @@
+package outbox
+
+// ClaimSQL is the relay's claim statement, for the plan tests.
+var ClaimSQL = claimSQL

@@ -173,7 +173,7 @@ func brokerLimitFlags(consumer bool) []cli.Flag {
 		)
 	}
 	return append(out, &cli.IntFlag{Name: flagSQSMaxReceive, Value: sqs.DefaultMaxReceiveCount, EnvVars: env(flagSQSMaxReceive), Category: catBroker,
-		Usage: "maxReceiveCount of the work queue's RedrivePolicy, 1..1000: after that many receives SQS moves a message to the DLQ by itself; must be above --max-attempts (else the worker refuses to start), and every process declaring the queue must use the same value (--broker sqs)"})
+		Usage: "maxReceiveCount of the work queue's RedrivePolicy, 1..1000: after that many receives SQS moves a message to the DLQ by itself; must be above the worker's --max-attempts (else it refuses to start), and every process declaring the queue must use the same value (--broker sqs)"})
 }
 
 // declareQueueType is --rabbitmq-queue-type's usage for the commands that
@@ -223,11 +223,11 @@ func relayFlags() []cli.Flag {
 
 func workerFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Category: catWorker, Usage: "attempts per message, the first included, before it goes to the DLQ"},
+		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Category: catWorker, Usage: "attempts per message, the first included, before it goes to the DLQ; must be below the broker's own delivery limit (--sqs-max-receive-count, a RabbitMQ policy's delivery-limit read with --rabbitmq-management-url, a JetStream consumer's MaxDeliver): the worker refuses to start otherwise"},
 		&cli.IntFlag{Name: flagPrefetch, Value: 10, EnvVars: env(flagPrefetch), Category: catWorker, Usage: "deliveries received and not yet settled"},
 		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Category: catWorker, Usage: "messages handled at once"},
 		&cli.DurationFlag{Name: flagHandlerTimeout, EnvVars: env(flagHandlerTimeout), Category: catWorker,
-			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, 30m by default; SQS 12h): the worker refuses to start otherwise"},
+			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, --rabbitmq-consumer-timeout; SQS 12h): the worker refuses to start otherwise"},
 	}
 }
 

@@ -204,13 +204,15 @@
 //   - the policy's attempts (BackoffPolicy.MaxAttempts, --max-attempts)
 //     must be below the broker's delivery limit, the deliveries after
 //     which it gives up on a message by itself: SQS
-//     sqs.Config.MaxReceiveCount (the queue's RedrivePolicy), a JetStream
-//     consumer's MaxDeliver set by an operator, a RabbitMQ policy's
-//     delivery-limit on a quorum queue (read with
-//     rabbitmq.Config.ManagementURL);
+//     sqs.Config.MaxReceiveCount (the queue's RedrivePolicy, ferry
+//     --sqs-max-receive-count), a JetStream consumer's MaxDeliver set by
+//     an operator, a RabbitMQ policy's delivery-limit on a quorum queue
+//     (read with rabbitmq.Config.ManagementURL, ferry
+//     --rabbitmq-management-url);
 //   - AckDeadline at most the broker's longest ack deadline (SQS 12 h);
 //   - HandlerTimeout (--handler-timeout), when set, below the broker's
-//     settle limit (RabbitMQ consumer_timeout, rabbitmq.Config.ConsumerTimeout;
+//     settle limit (RabbitMQ consumer_timeout, rabbitmq.Config.ConsumerTimeout
+//     or ferry --rabbitmq-consumer-timeout;
 //     SQS 12 h after a receive); the ack deadline itself is kept from
 //     expiring under a running handler by Delivery.Extend every
 //     AckDeadline/3, so it needs no such bound;

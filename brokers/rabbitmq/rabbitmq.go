@@ -184,6 +184,7 @@ func (c Config) withDefaults() Config {
 
 // Validate checks c with the defaults applied, as New does before it
 // dials: the URL must parse as an AMQP URI (amqp:// or amqps://), the
+// ManagementURL, when set, as an http:// or https:// URL with a host, the
 // durations and sizes must be in range. It needs no server. The error is
 // a *broker.ConfigError naming the field, wrapping broker.ErrInvalidConfig.
 func (c Config) Validate() error { return c.withDefaults().validate() }
@@ -220,7 +221,7 @@ func (r *rabbit) Limits(ctx context.Context, queue string) (broker.Limits, error
 	var l broker.Limits
 	if r.cfg.ConsumerTimeout > 0 {
 		l.SettleTimeout = r.cfg.ConsumerTimeout
-		l.SettleTimeoutSetting = "rabbitmq.Config.ConsumerTimeout (the server's consumer_timeout)"
+		l.SettleTimeoutSetting = "rabbitmq.Config.ConsumerTimeout (ferry --rabbitmq-consumer-timeout; the server's consumer_timeout)"
 	}
 	if r.cfg.ManagementURL != "" {
 		n, setting, err := r.deliveryLimit(ctx, queue)
@@ -262,6 +263,11 @@ func (c Config) validate() error {
 		return bad("Heartbeat", "", "%v: must not be negative", c.Heartbeat)
 	case c.QueueType != QueueTypeClassic && c.QueueType != QueueTypeQuorum:
 		return bad("QueueType", c.QueueType, "want %q or %q", QueueTypeClassic, QueueTypeQuorum)
+	}
+	if c.ManagementURL != "" {
+		if u, err := url.Parse(c.ManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("ManagementURL", redact(c.ManagementURL), "want http(s)://[user:password@]host:port of the management API, e.g. http://guest:guest@127.0.0.1:15672")
+		}
 	}
 	return nil
 }

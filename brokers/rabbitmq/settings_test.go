@@ -42,7 +42,7 @@ func TestWorkerRefusesHandlerTimeoutPastConsumerTimeout(t *testing.T) {
 	err = run(2 * time.Minute)
 	require.ErrorIs(t, err, worker.ErrInvalidConfig)
 	t.Log(err)
-	for _, w := range []string{"worker.Config.HandlerTimeout", "--handler-timeout", "= 2m0s", "rabbitmq.Config.ConsumerTimeout", "consumer_timeout", "= 1m0s", "below 1m0s, e.g. 54s"} {
+	for _, w := range []string{"worker.Config.HandlerTimeout", "--handler-timeout", "= 2m0s", "rabbitmq.Config.ConsumerTimeout (ferry --rabbitmq-consumer-timeout;", "consumer_timeout", "= 1m0s", "below 1m0s, e.g. 54s"} {
 		require.Contains(t, err.Error(), w)
 	}
 	require.NoError(t, run(54*time.Second), "the value the error names works")

@@ -30,7 +30,7 @@ type Config struct {
 	// RedrivePolicy: after that many receives SQS itself moves a message
 	// to the DLQ. ferry dead-letters on the worker's last attempt, so this
 	// is only a safety net and must be above the worker's MaxAttempts.
-	// 1..1000 (AWS's range). Defaults to 100.
+	// 1..1000 (AWS's range). Defaults to DefaultMaxReceiveCount (100).
 	MaxReceiveCount int
 	// WaitTime is the long-polling wait of each ReceiveMessage
 	// (WaitTimeSeconds), whole seconds 1..20. Defaults to 20 s. The HTTP
@@ -63,6 +63,9 @@ type Config struct {
 // DefaultRegion is Config.Region's default.
 const DefaultRegion = "us-east-1"
 
+// DefaultMaxReceiveCount is Config.MaxReceiveCount's default.
+const DefaultMaxReceiveCount = 100
+
 // Limits from the SQS developer guide ("Amazon SQS quotas").
 const (
 	// MaxBatchEntries is the most entries one SendMessageBatch,
@@ -87,7 +90,7 @@ func (c Config) withDefaults() Config {
 		c.Region = DefaultRegion
 	}
 	if c.MaxReceiveCount <= 0 {
-		c.MaxReceiveCount = 100
+		c.MaxReceiveCount = DefaultMaxReceiveCount
 	}
 	if c.MaxReceiveCount > 1000 {
 		c.MaxReceiveCount = 1000

@@ -43,7 +43,7 @@ func TestWorkerRefusesContradictingSettings(t *testing.T) {
 		{
 			name: "MaxReceiveCount below MaxAttempts", maxReceive: 3,
 			cfg:          worker.Config{Policy: worker.BackoffPolicy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}},
-			want:         []string{"sqs.Config.MaxReceiveCount", "maxReceiveCount of the RedrivePolicy", "= 3", "--max-attempts", "= 5", "at most 2", "at least 6"},
+			want:         []string{"sqs.Config.MaxReceiveCount (ferry --sqs-max-receive-count;", "maxReceiveCount of the RedrivePolicy", "= 3", "--max-attempts", "= 5", "at most 2", "at least 6"},
 			fixedReceive: 6, fixed: worker.Config{Policy: worker.BackoffPolicy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}},
 		},
 		{

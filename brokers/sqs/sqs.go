@@ -368,7 +368,11 @@ func (b *Broker) createQueue(ctx context.Context, name string, attrs, tags map[s
 	if err != nil {
 		var exists *types.QueueNameExists
 		if errors.As(err, &exists) || apiCode(err) == "QueueAlreadyExists" {
-			return "", fmt.Errorf("%w: SQS queue %s exists with other attributes (want %v): %v", broker.ErrTopologyMismatch, name, attrs, err)
+			hint := ""
+			if _, ok := attrs["RedrivePolicy"]; ok {
+				hint = " (its RedrivePolicy carries sqs.Config.MaxReceiveCount, ferry --sqs-max-receive-count, which every process declaring the queue must give alike)"
+			}
+			return "", fmt.Errorf("%w: SQS queue %s exists with other attributes (want %v)%s: %v", broker.ErrTopologyMismatch, name, attrs, hint, err)
 		}
 		return "", fmt.Errorf("sqs: create queue %s: %w", name, err)
 	}
@@ -381,7 +385,7 @@ func (b *Broker) compareAttrs(name string, want, got map[string]string) error {
 		g := got[k]
 		if k == "RedrivePolicy" {
 			if !sameRedrive(w, g) {
-				return fmt.Errorf("%w: SQS queue %s: RedrivePolicy is %s, ferry declares %s", broker.ErrTopologyMismatch, name, g, w)
+				return fmt.Errorf("%w: SQS queue %s: RedrivePolicy is %s, ferry declares %s (every process declaring the queue must use the same sqs.Config.MaxReceiveCount, ferry --sqs-max-receive-count)", broker.ErrTopologyMismatch, name, g, w)
 			}
 			continue
 		}
@@ -564,7 +568,7 @@ func (b *Broker) Limits(ctx context.Context, queue string) (broker.Limits, error
 	ret, _ := strconv.Atoi(retention)
 	return broker.Limits{
 		DeliveryLimit:         b.cfg.MaxReceiveCount,
-		DeliveryLimitSetting:  fmt.Sprintf("sqs.Config.MaxReceiveCount (maxReceiveCount of the RedrivePolicy of SQS queue %q)", qi.name),
+		DeliveryLimitSetting:  fmt.Sprintf("sqs.Config.MaxReceiveCount (ferry --sqs-max-receive-count; maxReceiveCount of the RedrivePolicy of SQS queue %q)", qi.name),
 		MaxAckDeadline:        MaxVisibility,
 		MaxAckDeadlineSetting: "SQS's longest visibility timeout (12h)",
 		SettleTimeout:         MaxVisibility,

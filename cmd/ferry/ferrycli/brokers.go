@@ -24,6 +24,14 @@ type BrokerOptions struct {
 	// RabbitMQQueueType is --rabbitmq-queue-type, rabbitmq.Config.QueueType:
 	// "classic" or "quorum"; empty means classic.
 	RabbitMQQueueType string
+	// RabbitMQManagementURL is --rabbitmq-management-url,
+	// rabbitmq.Config.ManagementURL: the management API's base URL, from
+	// which the worker reads a queue's delivery-limit; empty: not read.
+	RabbitMQManagementURL string
+	// RabbitMQConsumerTimeout is --rabbitmq-consumer-timeout,
+	// rabbitmq.Config.ConsumerTimeout: 0 is the adapter's default (30 min),
+	// negative means the server has none.
+	RabbitMQConsumerTimeout time.Duration
 	// NATSURL is --nats-url, a nats:// URL.
 	NATSURL string
 	// KafkaBrokers is --kafka-brokers: Kafka bootstrap addresses, host:port.
@@ -33,6 +41,10 @@ type BrokerOptions struct {
 	SQSEndpoint string
 	// AWSRegion is --aws-region, e.g. "us-east-1".
 	AWSRegion string
+	// SQSMaxReceiveCount is --sqs-max-receive-count,
+	// sqs.Config.MaxReceiveCount (1..1000); 0 is the adapter's default
+	// (100).
+	SQSMaxReceiveCount int
 	// LookupExchange is the exchange on which the DLQ of a queue this
 	// process did not declare is looked for (ferry dlq's --exchange when
 	// given); brokers whose DLQ lookup needs no exchange ignore it. Empty:
@@ -65,7 +77,8 @@ var Brokers = map[string]BrokerFunc{
 }
 
 func rabbitConfig(o BrokerOptions) rabbitmq.Config {
-	return rabbitmq.Config{URL: o.RabbitMQURL, QueueType: o.RabbitMQQueueType, Logger: o.Logger}
+	return rabbitmq.Config{URL: o.RabbitMQURL, QueueType: o.RabbitMQQueueType, ManagementURL: o.RabbitMQManagementURL,
+		ConsumerTimeout: o.RabbitMQConsumerTimeout, Logger: o.Logger}
 }
 
 func natsConfig(o BrokerOptions) nats.Config {
@@ -77,7 +90,8 @@ func kafkaConfig(o BrokerOptions) kafka.Config {
 }
 
 func sqsConfig(o BrokerOptions) sqs.Config {
-	return sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, LookupExchange: o.LookupExchange, Logger: o.Logger}
+	return sqs.Config{Endpoint: o.SQSEndpoint, Region: o.AWSRegion, MaxReceiveCount: o.SQSMaxReceiveCount,
+		LookupExchange: o.LookupExchange, Logger: o.Logger}
 }
 
 // brokerChecks validates, per --broker name, the adapter's Config built
@@ -92,7 +106,7 @@ var brokerChecks = map[string]func(BrokerOptions) error{
 // configFlags names, per broker and adapter Config field, the flag the
 // field comes from (brokerError).
 var configFlags = map[string]map[string]string{
-	"rabbitmq": {"URL": flagRabbitMQURL, "QueueType": flagRabbitQueueType},
+	"rabbitmq": {"URL": flagRabbitMQURL, "QueueType": flagRabbitQueueType, "ManagementURL": flagRabbitMgmtURL},
 	"nats":     {"URL": flagNATSURL, "LookupExchange": flagExchange},
 	"kafka":    {"Brokers": flagKafkaBrokers},
 	"sqs":      {"Endpoint": flagSQSEndpoint, "Region": flagAWSRegion, "LookupExchange": flagExchange},

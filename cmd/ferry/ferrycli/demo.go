@@ -53,7 +53,7 @@ func demoCommand() *cli.Command {
 			"topology is declared on the broker; a broker it cannot reach stops it after 10s with the\n" +
 			"broker's last error. It exits 0 only when every accepted notification reached a final\n" +
 			"state (sent or dead).",
-		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), destinationFlags(), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), logFlags("warn"), []cli.Flag{
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), logFlags("warn"), []cli.Flag{
 			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
 			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},
 			&cli.IntFlag{Name: flagClients, Value: 8, EnvVars: env("demo-clients"), Usage: "concurrent HTTP clients posting the lines"},

@@ -319,7 +319,7 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "publish committed outbox rows to the broker",
-		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), destinationFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags("")),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), brokerLimitFlags(false), topologyFlags(), destinationFlags(), relayFlags(), shutdownFlags(), metricsFlags(DefaultRelayMetricsAddr), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runRelay(ctx) })
 		},
@@ -330,7 +330,7 @@ func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
 		Usage: "consume the notification queue and send the mails",
-		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), topologyFlags(), workerFlags(), smtpFlags(false), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags("")),
+		Flags: concat(databaseFlags(false), brokerFlags(false, declareQueueType), brokerLimitFlags(true), topologyFlags(), workerFlags(), smtpFlags(false), shutdownFlags(), metricsFlags(DefaultWorkerMetricsAddr), logFlags("")),
 		Action: func(c *cli.Context) error {
 			return runStack(c, func(ctx context.Context, st *stack) error { return st.runWorker(ctx) })
 		},
@@ -362,7 +362,7 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {

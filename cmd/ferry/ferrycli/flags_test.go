@@ -24,8 +24,13 @@ var (
 	logFlagNames    = []string{"log-format", "log-level"}
 	brokerConnNames = []string{"broker", "rabbitmq-url", "rabbitmq-queue-type", "nats-url", "kafka-brokers", "sqs-endpoint", "aws-region"}
 	topologyNames   = []string{"exchange", "queue", "retry-delay"}
-	metricsNames    = []string{"metrics-addr", "otlp-endpoint"}
-	alertNames      = []string{"alert-threshold", "alert-for", "alert-interval", "alert-webhook-url",
+	// The adapters' settings the worker's start-up check compares with
+	// its own: declared with the queue (relay too), or read only by the
+	// worker's check.
+	redriveNames     = []string{"sqs-max-receive-count"}
+	brokerLimitNames = []string{"rabbitmq-management-url", "rabbitmq-consumer-timeout", "sqs-max-receive-count"}
+	metricsNames     = []string{"metrics-addr", "otlp-endpoint"}
+	alertNames       = []string{"alert-threshold", "alert-for", "alert-interval", "alert-webhook-url",
 		"alert-telegram-token", "alert-telegram-chat-id", "alert-telegram-api-url"}
 	relayNames  = []string{"batch-size", "poll-interval", "retention"}
 	workerNames = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout"}
@@ -50,13 +55,13 @@ var usedFlags = map[string][]string{
 	// The API only writes the outbox: no broker, topology or SMTP flags
 	// (--destination names the outbox it writes).
 	"api": names([]string{"database-url", "destination", "addr", "debug-fail-after-outbox", "shutdown-timeout"}, metricsNames, logFlagNames),
-	"relay": names([]string{"database-url", "destination"}, brokerConnNames, topologyNames, relayNames, []string{"shutdown-timeout"},
+	"relay": names([]string{"database-url", "destination"}, brokerConnNames, redriveNames, topologyNames, relayNames, []string{"shutdown-timeout"},
 		metricsNames, alertNames, logFlagNames),
-	"worker": names([]string{"database-url"}, brokerConnNames, topologyNames, workerNames, smtpNames, []string{"shutdown-timeout"},
+	"worker": names([]string{"database-url"}, brokerConnNames, brokerLimitNames, topologyNames, workerNames, smtpNames, []string{"shutdown-timeout"},
 		metricsNames, logFlagNames),
-	"run": names([]string{"database-url", "destination"}, brokerConnNames, topologyNames, []string{"addr", "debug-fail-after-outbox"}, relayNames,
+	"run": names([]string{"database-url", "destination"}, brokerConnNames, brokerLimitNames, topologyNames, []string{"addr", "debug-fail-after-outbox"}, relayNames,
 		workerNames, smtpNames, []string{"shutdown-timeout", "data-dir"}, metricsNames, alertNames, logFlagNames),
-	"demo": names([]string{"database-url", "destination"}, brokerConnNames, topologyNames, relayNames, workerNames, smtpNames,
+	"demo": names([]string{"database-url", "destination"}, brokerConnNames, brokerLimitNames, topologyNames, relayNames, workerNames, smtpNames,
 		[]string{"shutdown-timeout", "data-dir"}, logFlagNames, []string{"file", "timeout", "clients"}),
 	"dlq":          nil,
 	"dlq list":     names(brokerConnNames, []string{"exchange", "queue"}, logFlagNames, []string{"limit", "error-contains", "app-id", "format"}),

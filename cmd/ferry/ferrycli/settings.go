@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/brokers/sqs"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
@@ -60,6 +61,9 @@ const (
 	flagBroker          = "broker"
 	flagRabbitMQURL     = "rabbitmq-url"
 	flagRabbitQueueType = "rabbitmq-queue-type"
+	flagRabbitMgmtURL   = "rabbitmq-management-url"
+	flagRabbitConsumerT = "rabbitmq-consumer-timeout"
+	flagSQSMaxReceive   = "sqs-max-receive-count"
 	flagNATSURL         = "nats-url"
 	flagKafkaBrokers    = "kafka-brokers"
 	flagSQSEndpoint     = "sqs-endpoint"
@@ -153,6 +157,26 @@ func brokerFlags(embedded bool, queueTypeUsage string) []cli.Flag {
 	}
 }
 
+// brokerLimitFlags: the adapters' settings that the worker's settings
+// must agree with (worker.CheckLimits), for the commands that declare the
+// topology (relay, worker, run, demo): --sqs-max-receive-count, which is
+// part of the queue's declaration, and, with consumer (worker, run,
+// demo), --rabbitmq-management-url and --rabbitmq-consumer-timeout, which
+// only the worker's start-up check reads.
+func brokerLimitFlags(consumer bool) []cli.Flag {
+	var out []cli.Flag
+	if consumer {
+		out = append(out,
+			&cli.StringFlag{Name: flagRabbitMgmtURL, EnvVars: env(flagRabbitMgmtURL), Category: catBroker, DefaultText: "none: a policy's delivery-limit is not checked",
+				Usage: "RabbitMQ management API, http://user:password@host:15672 (without credentials, those of --rabbitmq-url); the worker reads the work queue's effective delivery-limit there (a policy's) and refuses to start when --max-attempts is not below it (--broker rabbitmq)"},
+			&cli.DurationFlag{Name: flagRabbitConsumerT, Value: rabbitmq.DefaultConsumerTimeout, EnvVars: env(flagRabbitConsumerT), Category: catBroker,
+				Usage: "the server's consumer_timeout (rabbitmq.conf; AMQP cannot read it); 0: the server has none. The worker refuses to start when --handler-timeout is not below it (--broker rabbitmq)"},
+		)
+	}
+	return append(out, &cli.IntFlag{Name: flagSQSMaxReceive, Value: sqs.DefaultMaxReceiveCount, EnvVars: env(flagSQSMaxReceive), Category: catBroker,
+		Usage: "maxReceiveCount of the work queue's RedrivePolicy, 1..1000: after that many receives SQS moves a message to the DLQ by itself; must be above the worker's --max-attempts (else it refuses to start), and every process declaring the queue must use the same value (--broker sqs)"})
+}
+
 // declareQueueType is --rabbitmq-queue-type's usage for the commands that
 // declare the topology (relay, worker, run, demo).
 const declareQueueType = "RabbitMQ queue type of the work, retry and dead-letter queues: classic or quorum (replicated); every process declaring a queue must use the same type (--broker rabbitmq)"
@@ -209,11 +233,11 @@ func relayFlags() []cli.Flag {
 
 func workerFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Category: catWorker, Usage: "attempts per message, the first included, before it goes to the DLQ"},
+		&cli.IntFlag{Name: flagMaxAttempts, Value: worker.DefaultMaxAttempts, EnvVars: env(flagMaxAttempts), Category: catWorker, Usage: "attempts per message, the first included, before it goes to the DLQ; must be below the broker's own delivery limit (--sqs-max-receive-count, a RabbitMQ policy's delivery-limit read with --rabbitmq-management-url, a JetStream consumer's MaxDeliver): the worker refuses to start otherwise"},
 		&cli.IntFlag{Name: flagPrefetch, Value: 10, EnvVars: env(flagPrefetch), Category: catWorker, Usage: "deliveries received and not yet settled"},
 		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Category: catWorker, Usage: "messages handled at once"},
 		&cli.DurationFlag{Name: flagHandlerTimeout, EnvVars: env(flagHandlerTimeout), Category: catWorker,
-			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, 30m by default; SQS 12h): the worker refuses to start otherwise"},
+			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, --rabbitmq-consumer-timeout; SQS 12h): the worker refuses to start otherwise"},
 	}
 }
 
@@ -305,6 +329,25 @@ func checkRetention(retention, window time.Duration) error {
 	return nil
 }
 
+// checkRedrive refuses, for --broker sqs, a --max-attempts that is not
+// below --sqs-max-receive-count (worker.CheckLimits' rule for
+// broker.Limits.DeliveryLimit), before anything is declared: the worker
+// would refuse it only after its Declare had created the queue with that
+// maxReceiveCount, which a later run with another one is refused for
+// (broker.ErrTopologyMismatch). both is whether the command has the two
+// flags (worker, run, demo).
+func checkRedrive(s *settings, both bool) error {
+	if !both || s.broker != "sqs" {
+		return nil
+	}
+	n := s.brokerOpts.SQSMaxReceiveCount
+	if s.maxAttempts < n {
+		return nil
+	}
+	return usagef("--%s %d must be below --%s (sqs.Config.MaxReceiveCount, the maxReceiveCount of the work queue's RedrivePolicy) %d: SQS moves a message to the DLQ by itself after that many receives, before the worker's last attempt and without its reason; set --%s %d or --%s %d",
+		flagMaxAttempts, s.maxAttempts, flagSQSMaxReceive, n, flagMaxAttempts, max(n-1, 1), flagSQSMaxReceive, s.maxAttempts+1)
+}
+
 // settings are the parsed and checked flags of one command.
 type settings struct {
 	databaseURL     string
@@ -363,12 +406,13 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		debugFail:       c.Bool(flagDebugFail),
 		dataDir:         c.String(flagDataDir),
 		brokerOpts: BrokerOptions{
-			RabbitMQURL:       c.String(flagRabbitMQURL),
-			RabbitMQQueueType: c.String(flagRabbitQueueType),
-			NATSURL:           c.String(flagNATSURL),
-			KafkaBrokers:      splitList(c.String(flagKafkaBrokers)),
-			SQSEndpoint:       c.String(flagSQSEndpoint),
-			AWSRegion:         c.String(flagAWSRegion),
+			RabbitMQURL:           c.String(flagRabbitMQURL),
+			RabbitMQQueueType:     c.String(flagRabbitQueueType),
+			RabbitMQManagementURL: c.String(flagRabbitMgmtURL),
+			NATSURL:               c.String(flagNATSURL),
+			KafkaBrokers:          splitList(c.String(flagKafkaBrokers)),
+			SQSEndpoint:           c.String(flagSQSEndpoint),
+			AWSRegion:             c.String(flagAWSRegion),
 		},
 	}
 	has := func(name string) bool { return hasFlag(c, name) }
@@ -387,6 +431,23 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	}
 	if err := outbox.ValidateDestination(s.destination); err != nil {
 		return nil, usagef("--%s %q: %v", flagDestination, s.destination, err)
+	}
+	if has(flagRabbitConsumerT) {
+		switch d := c.Duration(flagRabbitConsumerT); {
+		case d < 0:
+			return nil, usagef("--%s %v: must not be negative (0: the server has no consumer_timeout)", flagRabbitConsumerT, d)
+		case d == 0:
+			s.brokerOpts.RabbitMQConsumerTimeout = -1 // rabbitmq.Config: negative is none
+		default:
+			s.brokerOpts.RabbitMQConsumerTimeout = d
+		}
+	}
+	if has(flagSQSMaxReceive) {
+		n := c.Int(flagSQSMaxReceive)
+		if n < 1 || n > 1000 {
+			return nil, usagef("--%s %d: want 1..1000 (AWS's range of maxReceiveCount)", flagSQSMaxReceive, n)
+		}
+		s.brokerOpts.SQSMaxReceiveCount = n
 	}
 	if has(flagRetryDelay) {
 		d, err := parseRetryDelays(c.String(flagRetryDelay))
@@ -422,6 +483,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	}
 	if has(flagHandlerTimeout) && s.handlerTimeout < 0 {
 		return nil, usagef("--%s %v: must not be negative (0: no bound)", flagHandlerTimeout, s.handlerTimeout)
+	}
+	if err := checkRedrive(s, has(flagMaxAttempts) && has(flagSQSMaxReceive)); err != nil {
+		return nil, err
 	}
 	if has(flagRetention) {
 		attempts := worker.DefaultMaxAttempts

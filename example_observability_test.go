@@ -32,7 +32,9 @@ import (
 // relay's OnBatch and the workers' OnOutcome hooks feed package metrics'
 // series, with the names and the broker label of `ferry relay` and
 // `ferry worker`; the outbox gauges (unprocessed and parked rows, oldest
-// age) are read from the database at each scrape; the relay and the
+// age) are read from the database at each scrape, and each worker's
+// queue backlog gauges (ferry_queue_messages, oldest age, retention) from
+// the broker, on the brokers that report one; the relay and the
 // workers log on logger ("outbox: relay: started" and "worker: started"
 // at INFO, then retries and dead letters). Serve the handler it returns
 // at GET /metrics.
@@ -55,9 +57,27 @@ func instrument(cfg *ferry.Config, logger *slog.Logger) (http.Handler, error) {
 	if cfg.Relay != nil {
 		cfg.Relay.OnBatch = func(s outbox.BatchStats) { m.ObserveBatch(s.Published, s.Failed, s.Duration) }
 	}
+	queues := map[string]bool{}
 	for i := range cfg.Workers {
-		cfg.Workers[i].OnOutcome = func(msg *broker.Message, o worker.Outcome, d time.Duration) {
+		w := &cfg.Workers[i]
+		w.OnOutcome = func(msg *broker.Message, o worker.Outcome, d time.Duration) {
 			m.ObserveOutcome(msg, o.String(), d)
+		}
+		b := w.Broker
+		if b == nil {
+			b = cfg.Broker
+		}
+		backlog, ok := b.(broker.BacklogReporter) // Kafka, NATS, SQS
+		if !ok || queues[w.Queue] {
+			continue
+		}
+		queues[w.Queue] = true
+		c, err := metrics.NewQueueCollector(name, w.Queue, backlog, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := reg.Register(c); err != nil {
+			return nil, err
 		}
 	}
 	return metrics.Handler(reg), nil
@@ -86,8 +106,9 @@ func (l *lockedBuffer) String() string {
 // Example_instrument runs a relay and a worker instrumented by
 // instrument on NATS JetStream (the real server of
 // compose/local/services.sh, on a fresh database), enqueues one event and
-// reads GET /metrics and the log lines a service gets, the same as the
-// ferry command's.
+// reads GET /metrics (the queue's backlog gauges included, as `ferry
+// worker --broker nats` exposes them) and the log lines a service gets,
+// the same as the ferry command's.
 func Example_instrument() {
 	if err := instrumentOn("nats"); err != nil {
 		fmt.Println(err)
@@ -99,6 +120,9 @@ func Example_instrument() {
 	// ferry_worker_messages_total{broker="nats",outcome="ack"} 1
 	// ferry_outbox_unprocessed_rows{broker="nats"} 0
 	// ferry_outbox_parked_rows{broker="nats"} 0
+	// ferry_queue_messages{broker="nats"} 0
+	// ferry_queue_oldest_message_age_seconds{broker="nats"} 0
+	// ferry_queue_retention_seconds{broker="nats"} 0
 }
 
 func instrumentOn(name string) (err error) {
@@ -175,6 +199,9 @@ func instrumentOn(name string) (err error) {
 		{metrics.WorkerMessagesTotal, metrics.OutcomeAck},
 		{metrics.OutboxUnprocessedRows, ""},
 		{metrics.OutboxParkedRows, ""},
+		{metrics.QueueMessages, ""},
+		{metrics.QueueOldestAgeSeconds, ""},
+		{metrics.QueueRetentionSeconds, ""},
 	}
 	var lines []string
 	for { // the hooks run just after the commit and the ack: wait for them
@@ -182,7 +209,8 @@ func instrumentOn(name string) (err error) {
 		if err != nil {
 			return err
 		}
-		if strings.HasSuffix(lines[0], " 1") && strings.HasSuffix(lines[1], " 1") {
+		// and for the broker to count the ack (ferry_queue_messages 0)
+		if strings.HasSuffix(lines[0], " 1") && strings.HasSuffix(lines[1], " 1") && strings.HasSuffix(lines[4], " 0") {
 			break
 		}
 		select {

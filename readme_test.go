@@ -57,9 +57,11 @@ func TestREADMEShowsTheObservabilityExample(t *testing.T) {
 }
 
 // selectionFlags are the flags of the one-shot commands (dlq, outbox,
-// replay) that say what the command acts on or confirms: by the README's
-// rule they read no environment variable, so that a variable left in the
-// environment never selects, confirms or deletes anything.
+// replay) that pick the messages or rows the command acts on, or confirm
+// it: by the README's rule they read no environment variable, so that a
+// variable left in the environment never picks, confirms or deletes a
+// message. Their other flags (--queue, --exchange, the broker's and the
+// database's) read the FERRY_<NAME> of the role commands.
 var selectionFlags = map[string]bool{
 	"id": true, "all": true, "yes": true, "dry-run": true, "since": true,
 	"limit": true, "error-contains": true, "app-id": true,

@@ -128,20 +128,24 @@ func (m *connMgr) run() {
 			m.mu.Lock()
 			m.lastErr = err
 			first := !m.connected
-			if first && refusal(err) && m.refusedErr == nil {
+			refused := first && refusal(err)
+			if refused && m.refusedErr == nil {
 				// New returns this error; nothing to wait for.
 				m.refusedErr = err
 				close(m.refused)
 			}
 			m.mu.Unlock()
-			if first {
+			// A refused first login is not a retry: New returns it and
+			// closes the adapter (ferry exits 1 with it), so no
+			// "retrying" line.
+			if first && !refused {
 				// New returns the last dial error itself, so its caller
 				// decides whether that is worth a warning; INFO shows the
 				// wait meanwhile.
 				if failures == 0 || failures%20 == 0 {
 					log.Info("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
 				}
-			} else if failures == 0 || failures%20 == 0 {
+			} else if !first && (failures == 0 || failures%20 == 0) {
 				log.Warn("rabbitmq: dial failed; retrying", "url", redact(m.r.cfg.URL), "err", err, "attempt", failures+1)
 			}
 			failures++

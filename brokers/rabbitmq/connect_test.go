@@ -3,9 +3,11 @@ package rabbitmq_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,6 +55,41 @@ func TestConnectErrors(t *testing.T) {
 		})
 	})
 }
+
+// TestRefusedLoginIsNotLoggedAsARetry: a wrong password on the first
+// connection is returned by New (wrapping broker.ErrRefused) and never
+// redialled, so the log does not say "dial failed; retrying" (ferry
+// exits 1 with the server's words instead).
+func TestRefusedLoginIsNotLoggedAsARetry(t *testing.T) {
+	real := testenv.RabbitMQURL()
+	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(real))
+	u, err := url.Parse(real)
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), "wrong")
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := rabbitmq.New(ctx, rabbitmq.Config{URL: u.String(), Logger: logger})
+	if b != nil {
+		b.Close()
+	}
+	require.ErrorIs(t, err, broker.ErrRefused)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("log:\n%s", logs.String())
+	require.NotContains(t, logs.String(), "retrying", "a refused login is not retried")
+}
+
+// writerFunc is an io.Writer.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestDeclareRefusedPermission: a user that may log in but not configure
 // the topology's names gets a Declare error wrapping broker.ErrRefused

@@ -64,12 +64,17 @@
 // re-declares the remembered topology and resumes every subscription.
 // Deliveries unsettled at the loss are redelivered by RabbitMQ; settling
 // them afterwards returns an error. Before the first connection, New
-// redials too (its dial failures are logged at INFO: New's error reports
-// the last one, and its caller decides whether to warn), except when the server refuses the login or the vhost
-// (403 ACCESS_REFUSED, 530 NOT_ALLOWED): New returns that at once,
-// wrapping broker.ErrRefused. After a first connection every failure is
-// redialled, a refusal included (a password rotated under a running
-// process), and logged at WARN.
+// redials too, every Config.ReconnectDelay for up to Config.ConnectTimeout
+// (10 s) when its ctx has no deadline, each dial allowed 5 s to connect
+// (its failures are logged at INFO as "rabbitmq: dial failed; retrying",
+// the first and every 20th: New's error reports the last one, and its
+// caller decides whether to warn), except when the server refuses the
+// login or the vhost (403 ACCESS_REFUSED, 530 NOT_ALLOWED): New returns
+// that at once, wrapping broker.ErrRefused, and logs no retry (RabbitMQ
+// answers a wrong password after a pause: about 3 s on compose/local's).
+// After a first connection every failure is redialled, a refusal
+// included (a password rotated under a running process), and logged at
+// WARN.
 //
 // A queue deleted while a subscription consumes it, or an exchange or
 // queue deleted while the connections stay up (an operator's mistake, a

@@ -96,14 +96,19 @@ func (q *dlq) resolve(ctx context.Context, needWork bool) (*queueInfo, error) {
 			name: QueueName(ex, q.queue, q.b.cfg.FIFO)}
 		found = append(found, qi)
 	}
-	where := "on exchange " + q.b.cfg.LookupExchange
-	if q.b.cfg.LookupExchange == "" {
-		where = "among the server's queues"
-	}
 	switch {
+	case len(found) == 0 && q.b.cfg.LookupExchange != "":
+		return nil, fmt.Errorf("%w: no DLQ of queue %s (SQS queue %s) on exchange %s", broker.ErrUnknownQueue, q.queue,
+			QueueName(q.b.cfg.LookupExchange, dlqName, q.b.cfg.FIFO), q.b.cfg.LookupExchange)
 	case len(found) == 0:
-		return nil, fmt.Errorf("%w: no DLQ of queue %s (SQS queue %s) %s", broker.ErrUnknownQueue, q.queue,
-			QueueName(q.b.cfg.LookupExchange, dlqName, q.b.cfg.FIFO), where)
+		// No exchange to name one SQS queue: say the suffix searched for
+		// (QueueName("", ...) is a name ferry never creates).
+		suffix := "__" + clean(dlqName)
+		if q.b.cfg.FIFO {
+			suffix += ".fifo"
+		}
+		return nil, fmt.Errorf("%w: no DLQ of queue %s on any exchange (searched every exchange prefix: no SQS queue <exchange>%s tagged %s=%s)",
+			broker.ErrUnknownQueue, q.queue, suffix, tagQueue, dlqName)
 	case len(found) > 1:
 		var names []string
 		for _, f := range found {

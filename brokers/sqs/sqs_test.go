@@ -184,6 +184,35 @@ func TestDLQWhereNamesTheSQSQueue(t *testing.T) {
 	require.NoError(t, err, "the queue Where names exists on the server")
 }
 
+// TestDLQUnknownQueueErrorNamesNoImpossibleQueue: a DLQ that is on no
+// exchange, looked up without Config.LookupExchange (ferry dlq list
+// --broker sqs without --exchange), is reported as searched on every
+// exchange, not as an SQS queue "__<queue>-dlq" with an empty exchange
+// prefix, a name ferry never creates; with LookupExchange the error names
+// the one SQS queue it looked for.
+func TestDLQUnknownQueueErrorNamesNoImpossibleQueue(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q := testenv.UniqueName("nosuch.q")
+	b := newBroker(t)
+	d, err := b.DLQ(q)
+	require.NoError(t, err)
+	_, err = d.List(ctx, 10)
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	require.NotContains(t, err.Error(), "SQS queue __", "no SQS queue name with an empty exchange prefix")
+	require.Contains(t, err.Error(), "every exchange")
+	require.Contains(t, err.Error(), sqs.QueueName("x", broker.DLQName(q), false)[len("x"):], "the name's suffix that was searched for")
+
+	cfg := config()
+	cfg.LookupExchange = testenv.UniqueName("nosuch.ex")
+	lb := newBrokerCfg(t, cfg)
+	d, err = lb.DLQ(q)
+	require.NoError(t, err)
+	_, err = d.List(ctx, 10)
+	require.ErrorIs(t, err, broker.ErrUnknownQueue)
+	require.Contains(t, err.Error(), sqs.QueueName(cfg.LookupExchange, broker.DLQName(q), false))
+}
+
 // TestFailedSettleFreesPrefetchSlot: a settle that fails (here Retry with
 // a cancelled context; in production a network error or a deleted queue)
 // gives back its prefetch slot, so a subscription whose settles fail

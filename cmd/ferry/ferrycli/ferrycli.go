@@ -11,9 +11,11 @@
 // checks it): FERRY_<FLAG_NAME> (for example --database-url and
 // FERRY_DATABASE_URL), FERRY_DEMO_<FLAG_NAME> and FERRY_BENCH_<FLAG_NAME>
 // for the flags of demo and bench alone (--file, --timeout, --clients;
-// --brokers, --messages, ...), and none for the flags that choose what a
-// dlq, outbox or replay command acts on or confirms (--id, --all, --yes,
-// --dry-run, --since, --limit, --error-contains, --app-id).
+// --brokers, --messages, ...), and none for the flags that pick the
+// messages or rows a dlq, outbox or replay command acts on, or confirm it
+// (--id, --all, --yes, --dry-run, --since, --limit, --error-contains,
+// --app-id). Their --queue and --exchange read FERRY_QUEUE and
+// FERRY_EXCHANGE, as the worker's do: the queue of that environment.
 //
 // Each command takes only the flags it uses (api none of the broker's: it
 // only writes the outbox) and refuses the others with a usage error; its

@@ -205,6 +205,7 @@ func TestHelpSaysWhatTheCommandDoes(t *testing.T) {
 		require.Contains(t, out, "default: an embedded PostgreSQL in this process", c)
 		require.Contains(t, out, "default: nats: an embedded NATS JetStream server in this process", c)
 		require.Contains(t, out, "default: a built-in SMTP sink in this process", c)
+		require.Contains(t, out, "without --data-dir counts and discards it", c) // what the demo summary says then
 		require.NotContains(t, out, "127.0.0.1:5432", c)
 		require.NotContains(t, out, `(default: "rabbitmq")`, c)
 	}

@@ -212,9 +212,9 @@ func wrapText(s string, indent, width int) string {
 // VersionLine is what `ferry version` and `ferry --version` print, from the
 // binary's build information (runtime/debug.ReadBuildInfo): the main
 // module's version ("(devel)" for a build from a checkout), the VCS
-// revision, its commit time and whether the work tree had changes
-// (vcs.revision, vcs.time, vcs.modified, recorded by go build in a Git
-// checkout), the Go version and the platform. For example:
+// revision, its commit time (not the build time) and whether the work
+// tree had changes (vcs.revision, vcs.time, vcs.modified, recorded by go
+// build in a Git checkout), the Go version and the platform. For example:
 //
 //	ferry (devel) revision 23bd544c0a1e 2026-12-01T21:40:07Z modified, go1.26.7 linux/amd64
 func VersionLine() string {
@@ -262,7 +262,7 @@ func versionLine(bi *debug.BuildInfo, ok bool) string {
 func versionCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "version",
-		Usage: "print ferry's version (module version, VCS revision and time, Go version)",
+		Usage: "print ferry's version (module version, VCS revision and its commit time, Go version)",
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
 				return usagef("version: unexpected argument %q", c.Args().First())

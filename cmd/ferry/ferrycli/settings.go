@@ -213,7 +213,7 @@ func apiFlags(defaultAddr string) []cli.Flag {
 func smtpFlags(embedded bool) []cli.Flag {
 	addr := &cli.StringFlag{Name: flagSMTPAddr, Value: DefaultSMTPAddr, EnvVars: env(flagSMTPAddr), Category: catSMTP, Usage: "SMTP server host:port (no TLS, no auth)"}
 	if embedded {
-		addr.DefaultText = "a built-in SMTP sink in this process, which keeps the mail (in --data-dir when given)"
+		addr.DefaultText = "a built-in SMTP sink in this process, which stores each mail as .eml in <--data-dir>/mail, or without --data-dir counts and discards it"
 	}
 	return []cli.Flag{
 		addr,

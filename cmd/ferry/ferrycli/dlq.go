@@ -146,9 +146,19 @@ func dlqError(c *cli.Context, s *settings, err error) error {
 
 // notInDLQ is the error of replay and purge when some requested IDs were
 // not in the DLQ labelled label (the others were acted on).
-func notInDLQ(c *cli.Context, label string, missing []string, asked int) error {
-	return fmt.Errorf("ferry: %s: %d of %d requested ID(s) not in the DLQ %s: %s",
-		cmdName(c), len(missing), asked, label, strings.Join(missing, ", "))
+func notInDLQ(c *cli.Context, label string, missing []string, asked int, done string) error {
+	return fmt.Errorf("ferry: %s: %d of %d requested ID(s) not in the DLQ %s: %s; %s",
+		cmdName(c), len(missing), asked, label, strings.Join(missing, ", "), done)
+}
+
+// doneOthers says, in the error of a command that acted on some of the
+// requested IDs (the others were not in the DLQ), what it did to them: a
+// failing command prints no result line on stdout.
+func doneOthers(verb string, done []string, to string) string {
+	if len(done) == 0 {
+		return "nothing " + verb
+	}
+	return fmt.Sprintf("the other %d %s%s%s", len(done), verb, to, listSuffix(done))
 }
 
 // dlqLabel names the DLQ of s.queue in the commands' output: ferry's name
@@ -355,15 +365,15 @@ func dlqReplay(c *cli.Context) error {
 		}
 		msgs = pick(msgs, ids)
 		label := dlqLabel(c, s, d)
-		fmt.Fprintf(c.App.Writer, "dry run: would replay %d message(s) from the DLQ %s to %s:\n", len(msgs), label, s.queue)
-		writeDeadTable(c.App.Writer, msgs)
 		found := make([]string, 0, len(msgs))
 		for _, m := range msgs {
 			found = append(found, m.Message.ID)
 		}
 		if missing := notIn(ids, found); len(missing) > 0 {
-			return notInDLQ(c, label, missing, len(ids))
+			return notInDLQ(c, label, missing, len(ids), "dry run: nothing replayed")
 		}
+		fmt.Fprintf(c.App.Writer, "dry run: would replay %d message(s) from the DLQ %s to %s:\n", len(msgs), label, s.queue)
+		writeDeadTable(c.App.Writer, msgs)
 		return nil
 	}
 	// Read what is about to move so the audit log says what it was.
@@ -391,10 +401,10 @@ func dlqReplay(c *cli.Context) error {
 		}
 		return fmt.Errorf("ferry: dlq replay: %d replayed before the error: %w", len(done), err)
 	}
-	fmt.Fprintf(c.App.Writer, "replayed %d message(s) from the DLQ %s to %s%s\n", len(done), label, s.queue, listSuffix(done))
 	if missing := notIn(ids, done); len(missing) > 0 {
-		return notInDLQ(c, label, missing, len(ids))
+		return notInDLQ(c, label, missing, len(ids), doneOthers("replayed", done, " to "+s.queue))
 	}
+	fmt.Fprintf(c.App.Writer, "replayed %d message(s) from the DLQ %s to %s%s\n", len(done), label, s.queue, listSuffix(done))
 	return nil
 }
 
@@ -431,10 +441,10 @@ func dlqPurge(c *cli.Context) error {
 		}
 		return fmt.Errorf("ferry: dlq purge: %d purged before the error: %w", len(done), err)
 	}
-	fmt.Fprintf(c.App.Writer, "purged %d message(s) from the DLQ %s%s\n", len(done), label, listSuffix(done))
 	if missing := notIn(ids, done); len(missing) > 0 {
-		return notInDLQ(c, label, missing, len(ids))
+		return notInDLQ(c, label, missing, len(ids), doneOthers("purged", done, ""))
 	}
+	fmt.Fprintf(c.App.Writer, "purged %d message(s) from the DLQ %s%s\n", len(done), label, listSuffix(done))
 	return nil
 }
 

@@ -56,7 +56,11 @@ import (
 // any other error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := NewApp(stdout, stderr)
-	if err := a.RunContext(ctx, args); err != nil {
+	err := a.RunContext(ctx, args)
+	if e, ok := a.Metadata[helpTopicKey].(error); ok && err == nil {
+		err = e
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
 		if isUsageError(err) {
 			return 2
@@ -118,11 +122,12 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 		UseShortOptionHandling: false,
 		ExitErrHandler:         func(*cli.Context, error) {}, // Main turns errors into exit codes
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usagef("%v", err)
+			return usagef("%s", flagErrorText(nil, err))
 		},
+		CommandNotFound: commandNotFound,
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
-				return usagef("no command %q; run ferry --help", c.Args().First())
+				return noCommand("", c.Args().First())
 			}
 			return cli.ShowAppHelp(c)
 		},
@@ -142,6 +147,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 		},
 	}
 	quietUsageErrors(a.Commands)
+	unknownSubcommands(a.Commands)
 	useHelpTemplates(a.Commands)
 	return a
 }
@@ -152,7 +158,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 func quietUsageErrors(cmds []*cli.Command) {
 	for _, cmd := range cmds {
 		cmd.OnUsageError = func(c *cli.Context, err error, _ bool) error {
-			return usagef("%s: %v (see ferry %s --help)", cmdName(c), err, cmdName(c))
+			return usagef("%s: %s (see ferry %s --help)", cmdName(c), flagErrorText(c.Command, err), cmdName(c))
 		}
 		quietRequiredFlags(cmd)
 		quietUsageErrors(cmd.Subcommands)

@@ -99,14 +99,14 @@ func TestHelp(t *testing.T) {
 }
 
 // A configuration a package refuses is a command-line error too (exit 2),
-// found after connecting to the database.
+// naming the flag (the CLI checks it before connecting).
 func TestConfigErrorExit2(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	code, _, errOut := run(t, "migrate", "--database-url", db)
 	require.Equal(t, 0, code, errOut)
 	code, _, errOut = run(t, "worker", "--database-url", db, "--smtp-addr", "nohost")
 	require.Equal(t, 2, code, errOut)
-	require.Contains(t, errOut, `SMTPAddr "nohost"`)
+	require.Contains(t, errOut, `ferry: usage: --smtp-addr "nohost": want host:port`)
 	code, _, errOut = run(t, "worker", "--database-url", db, "--rabbitmq-queue-type", "stream")
 	require.Equal(t, 2, code, errOut)
 	require.Contains(t, errOut, `--rabbitmq-queue-type "stream": want classic or quorum`)

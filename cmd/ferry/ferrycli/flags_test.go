@@ -148,7 +148,7 @@ func TestEveryListedFlagIsUsed(t *testing.T) {
 				}
 				code, _, errOut := run(t, append(strings.Fields(path), "--"+name, "x")...)
 				require.Equal(t, 2, code, "ferry %s --%s must be refused: %s", path, name, errOut)
-				require.Contains(t, firstLine(errOut), "flag provided but not defined: -"+name, "ferry %s --%s", path, name)
+				require.Contains(t, firstLine(errOut), "flag provided but not defined: --"+name, "ferry %s --%s", path, name)
 			}
 		})
 	}
@@ -258,19 +258,19 @@ func TestBinaryFlagsHelpVersion(t *testing.T) {
 		outPrefix string
 	}{
 		{[]string{"api", "--rabbitmq-url", "amqp://guest:guest@127.0.0.1:1/"}, 2,
-			"ferry: usage: api: flag provided but not defined: -rabbitmq-url (see ferry api --help)", ""},
-		{[]string{"api", "--broker", "nats"}, 2, "ferry: usage: api: flag provided but not defined: -broker (see ferry api --help)", ""},
-		{[]string{"api", "--retry-delay", "1s"}, 2, "ferry: usage: api: flag provided but not defined: -retry-delay (see ferry api --help)", ""},
-		{[]string{"migrate", "--smtp-addr", "127.0.0.1:25"}, 2, "ferry: usage: migrate: flag provided but not defined: -smtp-addr (see ferry migrate --help)", ""},
-		{[]string{"dlq", "list", "--retry-delay", "1s"}, 2, "ferry: usage: dlq list: flag provided but not defined: -retry-delay (see ferry dlq list --help)", ""},
+			"ferry: usage: api: flag provided but not defined: --rabbitmq-url (see ferry api --help)", ""},
+		{[]string{"api", "--broker", "nats"}, 2, "ferry: usage: api: flag provided but not defined: --broker (see ferry api --help)", ""},
+		{[]string{"api", "--retry-delay", "1s"}, 2, "ferry: usage: api: flag provided but not defined: --retry-delay (see ferry api --help)", ""},
+		{[]string{"migrate", "--smtp-addr", "127.0.0.1:25"}, 2, "ferry: usage: migrate: flag provided but not defined: --smtp-addr (see ferry migrate --help)", ""},
+		{[]string{"dlq", "list", "--retry-delay", "1s"}, 2, "ferry: usage: dlq list: flag provided but not defined: --retry-delay (see ferry dlq list --help)", ""},
 		{[]string{"replay", "--since", "1m", "--rabbitmq-queue-type", "quorum"}, 2,
-			"ferry: usage: replay: flag provided but not defined: -rabbitmq-queue-type (see ferry replay --help)", ""},
+			"ferry: usage: replay: flag provided but not defined: --rabbitmq-queue-type (see ferry replay --help)", ""},
 		{[]string{"help"}, 0, "", "NAME:\n   ferry - "},
 		{[]string{"help", "relay"}, 0, "", "NAME:\n   ferry relay - "},
 		{[]string{"dlq", "help", "list"}, 0, "", "NAME:\n   ferry dlq list - "},
 		{[]string{"version"}, 0, "", "ferry "},
 		{[]string{"--version"}, 0, "", "ferry "},
-		{[]string{"help", "fly"}, 2, "No help topic for 'fly'", ""},
+		{[]string{"help", "fly"}, 2, `ferry: usage: no command "fly"; run ferry --help`, ""},
 		{[]string{"migrate", "--database-url", "mysql://x@127.0.0.1/db"}, 2,
 			`ferry: usage: --database-url "mysql://x@127.0.0.1/db": scheme "mysql": want a PostgreSQL URL, postgres://user:password@host:port/database`, ""},
 		{[]string{"migrate", "--database-url", "mysql://x:s3cret@127.0.0.1/db"}, 2,

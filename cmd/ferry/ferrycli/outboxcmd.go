@@ -97,11 +97,13 @@ func outboxParked(c *cli.Context, op string) error {
 		done = append(done, strconv.FormatInt(id, 10))
 	}
 	verb := map[string]string{"retry": "made due now", "drop": "dropped"}[op]
-	fmt.Fprintf(c.App.Writer, "%s %d parked row(s)%s\n", verb, len(done), listSuffix(done))
 	if len(missing) > 0 {
-		return fmt.Errorf("ferry: outbox %s: %d of %d id(s) are not parked rows (no unprocessed row with failed attempts): %s; see ferry outbox stats",
-			op, len(missing), len(ids), strings.Join(missing, ", "))
+		// A failing command prints no result line: the error says what
+		// was done.
+		return fmt.Errorf("ferry: outbox %s: %d of %d id(s) are not parked rows (no unprocessed row with failed attempts): %s; see ferry outbox stats; %s",
+			op, len(missing), len(ids), strings.Join(missing, ", "), doneOthers(verb, done, ""))
 	}
+	fmt.Fprintf(c.App.Writer, "%s %d parked row(s)%s\n", verb, len(done), listSuffix(done))
 	return nil
 }
 

@@ -90,7 +90,8 @@ func TestOutboxRetryAndDropParked(t *testing.T) {
 
 	code, out, errOut = run(t, "outbox", "drop", "--database-url", db, "--id", id(1)+","+id(2), "--yes")
 	require.Equal(t, 1, code, errOut)
-	require.Contains(t, out, "dropped 1 parked row(s): "+id(1))
+	require.Empty(t, out, "a failing command prints no result line")
+	require.Contains(t, errOut, "the other 1 dropped: "+id(1))
 	require.Contains(t, errOut, `last_error="broker: invalid message"`)
 	require.Contains(t, errOut, "1 of 2 id(s) are not parked rows")
 	require.Contains(t, errOut, id(2))

@@ -203,7 +203,7 @@ func destinationFlags() []cli.Flag {
 
 func apiFlags(defaultAddr string) []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: flagAddr, Value: defaultAddr, EnvVars: env(flagAddr), Category: catAPI, Usage: "HTTP listen address of the API, host:port; 0.0.0.0:3000 (or :3000) listens on every interface"},
+		&cli.StringFlag{Name: flagAddr, Value: defaultAddr, EnvVars: env(flagAddr), Category: catAPI, Usage: "HTTP listen address of the API, host:port; 0.0.0.0:3000 (or :3000) listens on every interface, an empty value is refused"},
 		&cli.BoolFlag{Name: flagDebugFail, EnvVars: env(flagDebugFail), Category: catAPI, Usage: "make POST /notifications fail after the outbox insert (rolled back), to demonstrate the outbox"},
 	}
 }
@@ -225,8 +225,8 @@ func smtpFlags(embedded bool) []cli.Flag {
 
 func relayFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction"},
-		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Category: catRelay, Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY"},
+		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction, 1.." + strconv.Itoa(outbox.MaxBatchSize)},
+		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Category: catRelay, Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY, a Go duration such as 500ms or 2s"},
 		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Category: catRelay, Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever). At least 1h and at least the longest --retry-delay times --max-attempts (the relay alone: times 5), so that a redelivered message still finds its dedup row; 0 is an error"},
 	}
 }
@@ -416,6 +416,9 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		},
 	}
 	has := func(name string) bool { return hasFlag(c, name) }
+	if err := checkFlagValues(c, s); err != nil {
+		return nil, err
+	}
 	obs, err := loadObsSettings(c)
 	if err != nil {
 		return nil, err

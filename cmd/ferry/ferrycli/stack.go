@@ -414,6 +414,11 @@ func (st *stack) runWorker(ctx context.Context) error {
 		return ignoreCanceled(ctx, err)
 	}
 	defer b.Close()
+	// The flags against the broker's limits, before "worker running".
+	if err := checkWorkerLimits(ctx, b, worker.Config{Queue: st.app.Queue(), HandlerTimeout: st.s.handlerTimeout,
+		Policy: worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays}}); err != nil {
+		return err
+	}
 	st.obs.registerBacklog(b, st.app.Queue())
 	if st.brokerReady != nil {
 		st.brokerReady()

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/brokers/kafka"
+	"github.com/ferrymq/ferry/internal/procstat"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 )
@@ -63,23 +63,6 @@ func pauseKafka(t *testing.T) (resume func()) {
 	t.Cleanup(resume)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
 	return resume
-}
-
-// heapInUse returns the Go heap in use after a collection, and the
-// process's resident set size (VmRSS), in bytes.
-func heapInUse() (heap, rss uint64) {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	if raw, err := os.ReadFile("/proc/self/status"); err == nil {
-		for _, line := range strings.Split(string(raw), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.ParseUint(f[1], 10, 64)
-				rss = kb << 10
-			}
-		}
-	}
-	return ms.HeapInuse, rss
 }
 
 // copiesPerID reads every record of topic (all partitions, from the first
@@ -186,11 +169,11 @@ func TestAbandonedPublishNotDeliveredLater(t *testing.T) {
 	enqueueBodies(t, pool, rows, rowBytes)
 	require.Eventually(t, func() bool { return failedProbes.Load() >= 1 }, 2*publishTimeout+5*time.Second, 20*time.Millisecond,
 		"the first publish to the paused broker fails")
-	heap0, rss0 := heapInUse()
+	heap0, rss0 := procstat.SelfMemory()
 	var heapMax, rssMax uint64
 	for time.Since(pausedAt) < pause {
 		time.Sleep(500 * time.Millisecond)
-		h, r := heapInUse()
+		h, r := procstat.SelfMemory()
 		heapMax, rssMax = max(heapMax, h), max(rssMax, r)
 	}
 	probes := failedProbes.Load()

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,26 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferrymq/ferry/internal/procstat"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 )
-
-// heapInUse returns the Go heap in use after a collection, and the
-// process's resident set size (VmRSS), in bytes.
-func heapInUse() (heap, rss uint64) {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	if raw, err := os.ReadFile("/proc/self/status"); err == nil {
-		for _, line := range strings.Split(string(raw), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.ParseUint(f[1], 10, 64)
-				rss = kb << 10
-			}
-		}
-	}
-	return ms.HeapInuse, rss
-}
 
 // A publish ferry gave up on is not held in memory and sent later (issue
 // 16, item 3). While the connection is down, nats.go keeps what is
@@ -94,11 +75,11 @@ func TestAbandonedPublishNotKept(t *testing.T) {
 	enqueueBodies(t, pool, rows, rowBytes)
 	require.Eventually(t, func() bool { return failedProbes.Load() >= 1 }, 2*publishTimeout+5*time.Second, 20*time.Millisecond,
 		"the first publish while NATS is down fails")
-	heap0, rss0 := heapInUse()
+	heap0, rss0 := procstat.SelfMemory()
 	var heapMax, rssMax uint64
 	for time.Since(stoppedAt) < outage {
 		time.Sleep(500 * time.Millisecond)
-		h, r := heapInUse()
+		h, r := procstat.SelfMemory()
 		heapMax, rssMax = max(heapMax, h), max(rssMax, r)
 	}
 	probes := failedProbes.Load()

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -229,4 +230,23 @@ func listeningInodes(file string, port int, inodes map[string]bool) error {
 		return fmt.Errorf("procstat: %s: %w", file, err)
 	}
 	return nil
+}
+
+// SelfMemory returns this process's Go heap in use after a collection
+// (runtime.MemStats.HeapInuse) and its resident set size (VmRSS of
+// /proc/self/status; 0 where that file is missing), both in bytes. Tests
+// that bound memory during an outage print and compare them.
+func SelfMemory() (heap, rss uint64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if raw, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseUint(f[1], 10, 64)
+				rss = kb << 10
+			}
+		}
+	}
+	return ms.HeapInuse, rss
 }

@@ -226,3 +226,30 @@ func TestJobStatesThroughAWorker(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{dead, retry}, []int64{all[0].ID, all[1].ID})
 }
+
+// TestPruneDeletesOldCancelledAndDeadRecords: retention deletes the
+// cancelled jobs and the dead-letter records older than its horizon,
+// and keeps the newer ones.
+func TestPruneDeletesOldCancelledAndDeadRecords(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := migratedPool(t)
+	ids := enqueue(t, pool, outbox.Event{Type: "test.a", Body: []byte(`{}`)}, outbox.Event{Type: "test.b", Body: []byte(`{}`)})
+	for _, id := range ids {
+		_, err := outbox.JobCancel(ctx, pool, id)
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, `UPDATE outbox_cancelled SET cancelled_at = now() - interval '2 hours' WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO worker_dead (consumer, message_id, attempts, dead_at) VALUES
+		('c', '1', 3, now() - interval '2 hours'), ('c', '2', 3, now())`)
+	require.NoError(t, err)
+	res, err := outbox.Prune(ctx, pool, time.Hour, 0)
+	require.NoError(t, err)
+	require.Equal(t, outbox.PruneResult{Cancelled: 1, DeadRecords: 1}, res)
+	_, err = outbox.JobGet(ctx, pool, ids[0])
+	require.ErrorIs(t, err, outbox.ErrJobNotFound)
+	j, err := outbox.JobGet(ctx, pool, ids[1])
+	require.NoError(t, err)
+	require.Equal(t, outbox.JobCancelled, j.State)
+}

@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS worker_dead (
 
 CREATE INDEX IF NOT EXISTS worker_dead_message_id_idx ON worker_dead (message_id);
 
+-- Retention (outbox.Prune) deletes both after the relay's Retention.
+CREATE INDEX IF NOT EXISTS outbox_cancelled_cancelled_at_idx ON outbox_cancelled (cancelled_at);
+CREATE INDEX IF NOT EXISTS worker_dead_dead_at_idx ON worker_dead (dead_at);
+
 -- +goose Down
 DROP TABLE IF EXISTS worker_dead;
 DROP TABLE IF EXISTS outbox_cancelled;

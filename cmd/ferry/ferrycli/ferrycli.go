@@ -300,7 +300,7 @@ var kvPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
-		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, ferry_periodic, notifications)",
+		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, worker_dead, outbox_cancelled, ferry_periodic, notifications)",
 		Flags: concat(databaseFlags(false), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")

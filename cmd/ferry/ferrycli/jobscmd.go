@@ -266,6 +266,7 @@ func jobsCancel(c *cli.Context) error {
 	}
 	defer st.close()
 	ids := []int64{id}
+	var already []string // cancelled before: left as they are
 	if appID != "" {
 		jobs, err := outbox.JobGetByAppID(c.Context, st.pool, appID)
 		if err != nil {
@@ -273,6 +274,10 @@ func jobsCancel(c *cli.Context) error {
 		}
 		ids = ids[:0]
 		for _, j := range jobs {
+			if j.State == outbox.JobCancelled {
+				already = append(already, strconv.FormatInt(j.ID, 10))
+				continue
+			}
 			ids = append(ids, j.ID)
 		}
 	}
@@ -298,7 +303,11 @@ func jobsCancel(c *cli.Context) error {
 		return fmt.Errorf("ferry: jobs cancel: too late for %d of %d job(s), published or being published: %s; %s",
 			len(late), len(ids), strings.Join(late, ", "), doneOthers("cancelled", done, ""))
 	}
-	fmt.Fprintf(c.App.Writer, "cancelled %d job(s), never to be published%s\n", len(done), listSuffix(done))
+	note := ""
+	if len(already) > 0 {
+		note = fmt.Sprintf(" (already cancelled: %s)", strings.Join(already, ", "))
+	}
+	fmt.Fprintf(c.App.Writer, "cancelled %d job(s), never to be published%s%s\n", len(done), listSuffix(done), note)
 	return nil
 }
 

@@ -70,6 +70,15 @@ func TestJobsGetListCancel(t *testing.T) {
 	require.Contains(t, errOut, "jobs cancel")
 	require.Contains(t, errOut, "by=")
 
+	code, out, errOut = runBinaryEnv(t, nil, "jobs", "cancel", "--database-url", db, "--yes", "--app-id", "n-7")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "cancelled 0 job(s), never to be published (already cancelled: "+sched+")\n", out)
+
+	code, out, errOut = runBinaryEnv(t, nil, "jobs", "cancel", "--database-url", db, "--yes", "--app-id", "n-8")
+	require.Equal(t, 1, code, errOut)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "too late to cancel the job: job "+pub+" was published at")
+
 	code, out, errOut = runBinaryEnv(t, nil, "jobs", "cancel", "--database-url", db, "--yes", pub)
 	require.Equal(t, 1, code, errOut)
 	require.Empty(t, out, "a failing command prints no result line")

@@ -64,7 +64,7 @@ func TestREADMEShowsTheObservabilityExample(t *testing.T) {
 // database's) read the FERRY_<NAME> of the role commands.
 var selectionFlags = map[string]bool{
 	"id": true, "all": true, "yes": true, "dry-run": true, "since": true,
-	"limit": true, "error-contains": true, "app-id": true,
+	"limit": true, "error-contains": true, "app-id": true, "state": true, "type": true,
 }
 
 // roleCommands are the commands whose flags read FERRY_<NAME>; demo and
@@ -102,7 +102,7 @@ func envName(prefix, name string) string {
 // of command cmd, "" for none.
 func wantEnv(cmds map[string]*cli.Command, cmd, name string) string {
 	top, _, _ := strings.Cut(cmd, " ")
-	if (top == "dlq" || top == "outbox" || top == "replay") && selectionFlags[name] {
+	if (top == "dlq" || top == "outbox" || top == "replay" || top == "jobs") && selectionFlags[name] {
 		return ""
 	}
 	for _, r := range roleCommands {

@@ -28,12 +28,48 @@
 //	       updated_at TIMESTAMPTZ, PRIMARY KEY (consumer, message_id))
 //	ferry_periodic(name TEXT PRIMARY KEY, last_tick TIMESTAMPTZ,
 //	       updated_at TIMESTAMPTZ)
+//	outbox_cancelled(id BIGINT PRIMARY KEY, the outbox row's columns
+//	       but processed_at, cancelled_at TIMESTAMPTZ)
+//	worker_dead(consumer TEXT, message_id TEXT, attempts INT,
+//	       last_error TEXT, dead_at TIMESTAMPTZ,
+//	       PRIMARY KEY (consumer, message_id))
 //
 // processed_messages is the deduplication table of package worker, and
 // worker_attempts its record of failed attempts (worker.AttemptsTable).
 // ferry_periodic holds the latest tick each periodic job enqueued
-// (package ferry, "Periodic jobs").
+// (package ferry, "Periodic jobs"). outbox_cancelled holds the jobs
+// JobCancel took out of the outbox, and worker_dead the messages a worker
+// dead-lettered (worker.DeadTable); see "Jobs".
 // Event.AppID travels as the header broker.HeaderAppID.
+//
+// # Jobs
+//
+// JobGet (by message ID, the row id), JobGetByAppID and JobList read what
+// ferry records about a job, with no lock: the outbox row (or the
+// cancelled one) and, per consumer, worker_attempts (failed attempts, the
+// last error; deleted once the message is handled or dead-lettered),
+// processed_messages (handled) and worker_dead (dead-lettered). The state
+// (JobState) is scheduled, pending, published, retrying, handled, dead or
+// cancelled; Job.History lists the records in order. The per-consumer
+// tables are read by a skip scan over their consumers on the primary key;
+// the lookup by app id and the lists of worker-decided states read the
+// outbox table.
+//
+// JobCancel moves a row not yet published from the outbox to
+// outbox_cancelled in one statement whose SELECT ... FOR UPDATE SKIP
+// LOCKED takes the row lock the relay's claim takes: a row a relay holds
+// in a batch is skipped and the cancel refused with ErrTooLate (get it
+// again; if its publication failed it is pending again), a published row
+// is refused with ErrTooLate saying when it was published, and a relay
+// that claims after the cancel cannot see the row. So a cancelled job is
+// never published, and the claim, its indexes and its cost are those of
+// before migration 8. The event's unique key (Event.UniqueKey) is freed.
+// Retention (Prune) deletes the cancelled rows and the worker_dead
+// records after RelayConfig.Retention.
+// BenchmarkJobGetAndCancel, on 100,000 published rows handled by three
+// consumers and 10,000 pending rows (PostgreSQL on a loaded 2-core
+// machine, 2000 iterations): about 1.0 ms per JobGet (four statements)
+// and 1.5 ms per JobCancel.
 //
 // # Destinations
 //

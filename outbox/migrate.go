@@ -29,7 +29,7 @@ var migrationFiles embed.FS
 // processed_at IS NULL, per destination), the outbox_unique table of
 // Event.UniqueKey, the processed_messages table the workers deduplicate
 // with, and the other tables of the package doc's "Schema"
-// (worker_attempts, ferry_periodic). The SQL is embedded in the binary;
+// (worker_attempts, ferry_periodic, outbox_cancelled, worker_dead). The SQL is embedded in the binary;
 // the applied versions are recorded in MigrationsTable. Running it again
 // is a no-op, and
 // concurrent calls from several processes are serialised by an advisory

@@ -22,6 +22,12 @@ type PruneResult struct {
 	// UniqueKeys is the number of outbox_unique rows deleted: unique keys
 	// (Event.UniqueKey) whose window had ended, whatever olderThan.
 	UniqueKeys int64
+	// Cancelled is the number of outbox_cancelled rows deleted: jobs
+	// cancelled (JobCancel) more than olderThan ago.
+	Cancelled int64
+	// DeadRecords is the number of worker_dead rows deleted: records of
+	// messages dead-lettered more than olderThan ago.
+	DeadRecords int64
 }
 
 const pruneOutboxSQL = `DELETE FROM outbox WHERE id IN (
@@ -42,6 +48,18 @@ const pruneAttemptsSQL = `DELETE FROM worker_attempts WHERE (consumer, message_i
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
 
+const pruneCancelledSQL = `DELETE FROM outbox_cancelled WHERE id IN (
+	SELECT id FROM outbox_cancelled
+	WHERE cancelled_at < now() - $1::bigint * interval '1 millisecond'
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+
+const pruneDeadSQL = `DELETE FROM worker_dead WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM worker_dead
+	WHERE dead_at < now() - $1::bigint * interval '1 millisecond'
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+
 // pruneUniqueSQL deletes the unique keys whose window has ended: an
 // Enqueue would replace them anyway. $1 (olderThan) does not apply.
 const pruneUniqueSQL = `DELETE FROM outbox_unique WHERE unique_key IN (
@@ -53,8 +71,10 @@ const pruneUniqueSQL = `DELETE FROM outbox_unique WHERE unique_key IN (
 // Prune deletes outbox rows processed more than olderThan ago (rows not
 // yet processed are never deleted), processed_messages rows recorded
 // more than olderThan ago and the workers' attempt records (worker_attempts)
-// last updated more than olderThan ago, and the unique keys whose window
-// has ended (Event.UniqueFor), batch rows per DELETE statement (batch <= 0
+// last updated more than olderThan ago, the unique keys whose window
+// has ended (Event.UniqueFor), the cancelled jobs (outbox_cancelled)
+// cancelled and the dead-letter records (worker_dead) written more than
+// olderThan ago, batch rows per DELETE statement (batch <= 0
 // means DefaultRetentionBatch), until none is left. Each statement is its
 // own short transaction, so Prune can run beside a busy relay; several
 // Prunes at once skip each other's rows. It returns what it deleted, also
@@ -79,6 +99,8 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, bat
 		{"processed_messages", pruneProcessedSQL, &res.ProcessedMessages},
 		{"worker_attempts", pruneAttemptsSQL, &res.WorkerAttempts},
 		{"outbox_unique", pruneUniqueSQL, &res.UniqueKeys},
+		{"outbox_cancelled", pruneCancelledSQL, &res.Cancelled},
+		{"worker_dead", pruneDeadSQL, &res.DeadRecords},
 	} {
 		for {
 			if err := ctx.Err(); err != nil {

@@ -77,7 +77,10 @@
 // The truth about attempts lives in PostgreSQL, not in the broker: the
 // table worker_attempts (AttemptsTable, created by package outbox's
 // migrations) holds, per (Consumer, Message.ID), the number of the last
-// failed attempt, its error, and whether the DLQ was decided. After each
+// failed attempt, its error, and whether the DLQ was decided. Once the
+// broker confirms a dead-letter, the worker deletes that row and writes
+// the message into worker_dead (DeadTable: attempt, reason, time), which
+// outbox.JobGet reads to say the job is dead. After each
 // failed attempt the worker writes that row in its own transaction —
 // before the attempt's transaction rolls back (so a redelivered copy
 // waiting on the dedup row sees it), before OnFailure, and before Retry or

@@ -1053,6 +1053,7 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 		if f.recorded {
 			w.clearAttempts(sctx, msg)
 		}
+		w.recordDead(sctx, msg, max(msg.Attempt, 1), f.reason)
 		w.outcome(msg, OutcomeDead, dur)
 		return
 	}
@@ -1084,6 +1085,7 @@ func (w *Worker) deadAgain(ctx context.Context, d broker.Delivery, msg *broker.M
 		return
 	}
 	w.clearAttempts(sctx, msg)
+	w.recordDead(sctx, msg, max(msg.Attempt, rec.attempts, 1), rec.lastError)
 	w.outcome(msg, OutcomeDead, dur)
 }
 
@@ -1103,6 +1105,26 @@ func (w *Worker) clearAttempts(ctx context.Context, msg *broker.Message) {
 	if _, err := w.cfg.Pool.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
 		w.log.Warn("worker: could not delete the attempt record of a dead-lettered message; a replay of it from the DLQ will be dead-lettered at once",
 			"message_id", msg.ID, "table", AttemptsTable, "err", err)
+	}
+}
+
+// DeadTable is the table where the worker records, per consumer, each
+// message the DLQ took (attempt number, reason, time), written after the
+// broker confirmed the dead-letter; outbox.JobGet reads it to say "dead"
+// (worker_attempts forgets a message once it is dead-lettered). Created by
+// outbox.Migrate (migration 8).
+const DeadTable = "worker_dead"
+
+const recordDeadSQL = `INSERT INTO worker_dead (consumer, message_id, attempts, last_error) VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = now()`
+
+// recordDead writes the dead-lettered message into DeadTable; a failure
+// is logged and changes nothing else (the DLQ has the message).
+func (w *Worker) recordDead(ctx context.Context, msg *broker.Message, attempt int, reason string) {
+	reason = strings.ReplaceAll(reason, "\x00", "")
+	if _, err := w.cfg.Pool.Exec(ctx, recordDeadSQL, w.cfg.Consumer, msg.ID, attempt, reason); err != nil {
+		w.log.Warn("worker: could not record the dead-lettered message; ferry jobs get will not say it is dead",
+			"message_id", msg.ID, "table", DeadTable, "err", err)
 	}
 }
 

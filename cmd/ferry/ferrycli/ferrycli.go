@@ -5,16 +5,17 @@
 //
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
 // process), demo, dlq list|replay|purge, replay --since (brokers with the
-// Replay capability: Kafka), outbox stats, bench (the broker comparison
+// Replay capability: Kafka), outbox stats|retry|drop, jobs get|list|cancel
+// (find, inspect and cancel a job), bench (the broker comparison
 // of package bench/suite), version and help. A flag can also be set by an environment
 // variable (the README's "Flags" states the rule, and readme_test.go
 // checks it): FERRY_<FLAG_NAME> (for example --database-url and
 // FERRY_DATABASE_URL), FERRY_DEMO_<FLAG_NAME> and FERRY_BENCH_<FLAG_NAME>
 // for the flags of demo and bench alone (--file, --timeout, --clients;
 // --brokers, --messages, ...), and none for the flags that pick the
-// messages or rows a dlq, outbox or replay command acts on, or confirm it
-// (--id, --all, --yes, --dry-run, --since, --limit, --error-contains,
-// --app-id). Their --queue and --exchange read FERRY_QUEUE and
+// messages or rows a dlq, outbox, jobs or replay command acts on, or
+// confirm it (--id, --all, --yes, --dry-run, --since, --limit,
+// --error-contains, --app-id, --state, --type). Their --queue and --exchange read FERRY_QUEUE and
 // FERRY_EXCHANGE, as the worker's do: the queue of that environment.
 //
 // Each command takes only the flags it uses (api none of the broker's: it
@@ -141,6 +142,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			dlqCommand(),
 			replayCommand(),
 			outboxCommand(),
+			jobsCommand(),
 			benchCommand(),
 			benchChildCommand(),
 			versionCommand(),
@@ -264,6 +266,12 @@ func setup(c *cli.Context, defaultLevel string) (*settings, *slog.Logger, error)
 	if c.Args().Present() {
 		return nil, nil, usagef("%s: unexpected argument %q (flags come as --name value)", cmdName(c), c.Args().First())
 	}
+	return setupWithArgs(c, defaultLevel)
+}
+
+// setupWithArgs is setup for a command that reads its own arguments
+// (jobs get and cancel take the job's ID).
+func setupWithArgs(c *cli.Context, defaultLevel string) (*settings, *slog.Logger, error) {
 	log, err := newLogger(c, defaultLevel)
 	if err != nil {
 		return nil, nil, err
@@ -292,7 +300,7 @@ var kvPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
-		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, ferry_periodic, notifications)",
+		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, worker_dead, outbox_cancelled, ferry_periodic, notifications)",
 		Flags: concat(databaseFlags(false), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")

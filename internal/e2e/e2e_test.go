@@ -77,7 +77,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 		require.EqualValues(t, 5, n["attempts"], "exactly 5 attempts: %v", n)
 		require.Contains(t, n["last_error"], nowhere)
 
-		dlqArgs := append([]string{"dlq", "list", "--format", "json"}, s.brokerArgs(delay.String())...)
+		dlqArgs := append([]string{"dlq", "list", "--format", "json"}, s.dlqArgs()...)
 		var dead []struct {
 			ID            string     `json:"id"`
 			Type          string     `json:"type"`
@@ -106,7 +106,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 		require.GreaterOrEqual(t, d.DeadAt.Sub(*d.FirstFailedAt), 4*delay-50*time.Millisecond,
 			"5 attempts spaced by %v: first failed %v, dead %v", delay, d.FirstFailedAt, d.DeadAt)
 
-		code, out, _ := ferry(t, append([]string{"dlq", "list"}, s.brokerArgs(delay.String())...)...)
+		code, out, _ := ferry(t, append([]string{"dlq", "list"}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code)
 		require.Contains(t, out, d.ID)
 		require.Contains(t, out, "1 dead message(s)")
@@ -136,7 +136,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 			}
 			return len(dead) == 2, out
 		})
-		purge := append([]string{"dlq", "purge", "--id", id2Msg}, s.brokerArgs(delay.String())...)
+		purge := append([]string{"dlq", "purge", "--id", id2Msg}, s.dlqArgs()...)
 		code, _, errOut := ferry(t, purge...)
 		require.Equal(t, 2, code)
 		require.Contains(t, errOut, "add --yes")
@@ -144,7 +144,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "purged 1 message(s)")
 		require.Contains(t, errOut, "dlq purge")
-		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.brokerArgs(delay.String())...)...)
+		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code)
 		require.Contains(t, out, "1 dead message(s)")
 		require.NotContains(t, out, "\n"+id2Msg+" ")
@@ -153,12 +153,12 @@ func TestDeadLetterAndReplay(t *testing.T) {
 		require.Equal(t, 0, p.stop(t), "ferry run stops gracefully with exit 0")
 		_, base = s.run(delay.String(), "--smtp-addr", testenv.SMTPAddr())
 
-		code, out, errOut = ferry(t, append([]string{"dlq", "replay", "--id", d.ID, "--dry-run"}, s.brokerArgs(delay.String())...)...)
+		code, out, errOut = ferry(t, append([]string{"dlq", "replay", "--id", d.ID, "--dry-run"}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "would replay 1 message(s)")
 		require.Equal(t, "dead", notification(t, base, id)["status"], "a dry run moves nothing")
 
-		code, out, errOut = ferry(t, append([]string{"dlq", "replay", "--id", d.ID}, s.brokerArgs(delay.String())...)...)
+		code, out, errOut = ferry(t, append([]string{"dlq", "replay", "--id", d.ID}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "replayed 1 message(s)")
 		require.Contains(t, errOut, "dlq replay")
@@ -173,7 +173,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 			distinct, total := mailpitMessageIDs(t, s.tag)
 			return len(distinct) == 1, fmt.Sprintf("%d distinct of %d", len(distinct), total)
 		})
-		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.brokerArgs(delay.String())...)...)
+		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code)
 		require.Contains(t, out, "0 dead message(s)")
 	})
@@ -236,7 +236,7 @@ func TestDLQListReplayPurge(t *testing.T) {
 				return n["status"] == "dead", fmt.Sprint(n)
 			})
 		}
-		list := append([]string{"dlq", "list", "--format", "json"}, s.brokerArgs(delay.String())...)
+		list := append([]string{"dlq", "list", "--format", "json"}, s.dlqArgs()...)
 		var dead []struct {
 			ID       string `json:"id"`
 			Attempts int    `json:"attempts"`
@@ -257,7 +257,7 @@ func TestDLQListReplayPurge(t *testing.T) {
 		// Mail works again; replay one.
 		require.Equal(t, 0, p.stop(t))
 		_, base = s.run(delay.String(), "--smtp-addr", testenv.SMTPAddr(), "--max-attempts", "2")
-		code, out, errOut := ferry(t, append([]string{"dlq", "replay", "--id", dead[0].ID}, s.brokerArgs(delay.String())...)...)
+		code, out, errOut := ferry(t, append([]string{"dlq", "replay", "--id", dead[0].ID}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "replayed 1 message(s)")
 		waitFor(t, 30*time.Second, "the replayed message's mail in Mailpit", func() (bool, string) {
@@ -273,10 +273,10 @@ func TestDLQListReplayPurge(t *testing.T) {
 		require.Equal(t, 1, sent, "exactly the replayed notification is sent")
 
 		// Purge the other two.
-		code, out, errOut = ferry(t, append([]string{"dlq", "purge", "--all", "--yes"}, s.brokerArgs(delay.String())...)...)
+		code, out, errOut = ferry(t, append([]string{"dlq", "purge", "--all", "--yes"}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "purged 2 message(s)")
-		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.brokerArgs(delay.String())...)...)
+		code, out, _ = ferry(t, append([]string{"dlq", "list"}, s.dlqArgs()...)...)
 		require.Equal(t, 0, code)
 		require.Contains(t, out, "0 dead message(s)")
 	})

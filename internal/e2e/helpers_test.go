@@ -190,6 +190,14 @@ func newStack(t *testing.T, b string) *stack {
 	return s
 }
 
+// dlqArgs are the flags a dlq command takes to find the test's DLQ: the
+// broker and the names (the dlq commands declare nothing, so they take no
+// --retry-delay).
+func (s *stack) dlqArgs() []string {
+	args := s.brokerArgs("")
+	return args[:len(args)-2]
+}
+
 // brokerArgs are the flags selecting the test's broker and names.
 func (s *stack) brokerArgs(retryDelay string) []string {
 	srv := brokerServers[s.broker]

@@ -71,20 +71,21 @@ func (b *kafkaBroker) produce(ctx context.Context, recs []kafkago.Message) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	parts := map[string]int{}
+	parts := map[string][]int{} // a topic's partitions, [0, n)
 	byPart := map[topicPartition][]int{}
 	var order []topicPartition
 	for i := range recs {
 		topic := recs[i].Topic
-		n, ok := parts[topic]
+		ps, ok := parts[topic]
 		if !ok {
-			var err error
-			if n, err = b.partitionCount(ctx, topic); err != nil {
+			n, err := b.partitionCount(ctx, topic)
+			if err != nil {
 				return err
 			}
-			parts[topic] = n
+			ps = partitionList(n)
+			parts[topic] = ps
 		}
-		p := b.balancer.Balance(recs[i], partitionList(n)...)
+		p := b.balancer.Balance(recs[i], ps...)
 		k := topicPartition{topic: topic, partition: p}
 		if _, ok := byPart[k]; !ok {
 			order = append(order, k)

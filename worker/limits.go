@@ -21,7 +21,7 @@ const (
 // checkBrokerLimits reads the broker's limits for the queue, when the
 // adapter reports them, and checks the worker's settings against them.
 func (w *Worker) checkBrokerLimits(ctx context.Context) error {
-	lr, ok := limitReporter(w.cfg.Broker)
+	lr, ok := LimitReporterOf(w.cfg.Broker)
 	if !ok {
 		return nil
 	}
@@ -37,10 +37,11 @@ func (w *Worker) checkBrokerLimits(ctx context.Context) error {
 	return w.checkTypes(func(_ Route, c Config) error { return CheckLimits(c, w.caps, l) })
 }
 
-// limitReporter finds the broker.LimitReporter of b, looking through
-// wrappers that expose the broker they wrap with Unwrap() broker.Broker
-// (tracing.WrapBroker).
-func limitReporter(b broker.Broker) (broker.LimitReporter, bool) {
+// LimitReporterOf finds the broker.LimitReporter of b, looking through up
+// to 10 wrappers that expose the broker they wrap with Unwrap()
+// broker.Broker (tracing.WrapBroker); false when none implements it. Run
+// reads the limits it checks (CheckLimits) through it.
+func LimitReporterOf(b broker.Broker) (broker.LimitReporter, bool) {
 	for range 10 {
 		if lr, ok := b.(broker.LimitReporter); ok {
 			return lr, true

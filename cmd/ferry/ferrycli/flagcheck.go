@@ -210,7 +210,7 @@ func commandNotFound(c *cli.Context, name string) {
 // error, before the worker logs that it runs. A broker that reports no
 // limits, or cannot read them now, is left to Run.
 func checkWorkerLimits(ctx context.Context, b broker.Broker, cfg worker.Config) error {
-	lr, ok := b.(broker.LimitReporter)
+	lr, ok := worker.LimitReporterOf(b)
 	if !ok {
 		return nil
 	}

@@ -54,8 +54,7 @@ func settleReason(err error) string {
 		return broker.ReasonExpired
 	case notExist(err):
 		return broker.ReasonNotFound
-	case code == "ThrottlingException", code == "RequestThrottled", code == "Throttling",
-		code == "AWS.SimpleQueueService.RequestThrottled", code == "KmsThrottled":
+	case throttleCodes[code]:
 		return broker.ReasonThrottled
 	case code != "":
 		if r := broker.SettleReason(err); r == broker.ReasonTimeout || r == broker.ReasonCanceled {

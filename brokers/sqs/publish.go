@@ -320,30 +320,6 @@ func (b *Broker) sendBatch(ctx context.Context, qi *queueInfo, batch []pending) 
 	return res, nil
 }
 
-// outageCodes are the error codes of a whole SendMessageBatch call that
-// say nothing about the messages it carried, whatever their HTTP status
-// (SQS answers throttling and some authentication errors with 400): the
-// SendMessageBatch errors RequestThrottled, KmsThrottled,
-// QueueDoesNotExist, InvalidAddress, InvalidSecurity, UnsupportedOperation
-// and the Kms* key errors, and the common errors of the SQS API reference
-// (AccessDenied, IncompleteSignature, InvalidClientTokenId,
-// MissingAuthenticationToken, NotAuthorized, OptInRequired,
-// RequestExpired, ThrottlingException, ServiceUnavailable,
-// InternalFailure), plus those the SDK and IAM report for credentials.
-var outageCodes = map[string]bool{
-	"RequestThrottled": true, "ThrottlingException": true, "Throttling": true, "TooManyRequestsException": true,
-	"KmsThrottled": true, "KmsAccessDenied": true, "KmsDisabled": true, "KmsInvalidKeyUsage": true,
-	"KmsInvalidState": true, "KmsNotFound": true, "KmsOptInRequired": true,
-	"QueueDoesNotExist": true, "AWS.SimpleQueueService.NonExistentQueue": true, "NonExistentQueue": true,
-	"InvalidAddress": true, "InvalidSecurity": true,
-	"UnsupportedOperation": true, "AWS.SimpleQueueService.UnsupportedOperation": true,
-	"AccessDenied": true, "AccessDeniedException": true, "IncompleteSignature": true,
-	"InvalidClientTokenId": true, "MissingAuthenticationToken": true, "NotAuthorized": true,
-	"OptInRequired": true, "RequestExpired": true, "ExpiredToken": true, "ExpiredTokenException": true,
-	"SignatureDoesNotMatch": true, "UnrecognizedClientException": true, "InvalidAccessKeyId": true,
-	"ServiceUnavailable": true, "InternalFailure": true, "InternalError": true, "RequestTimeout": true,
-}
-
 // refusedCall reports whether err, the error of a whole SendMessageBatch
 // call, is a refusal of what the call carried (its messages' fault): an
 // HTTP 4xx answer other than 401, 403, 408 and 429 whose code is not in

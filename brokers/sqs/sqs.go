@@ -156,15 +156,6 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	}, nil
 }
 
-// refusalCodes are the AWS error codes of credentials or a signature the
-// server refuses (AWS SQS API reference, "Common Errors"; the JSON
-// protocol's UnrecognizedClientException).
-var refusalCodes = map[string]bool{
-	"InvalidClientTokenId": true, "UnrecognizedClientException": true, "SignatureDoesNotMatch": true,
-	"IncompleteSignature": true, "MissingAuthenticationToken": true, "InvalidSecurity": true,
-	"AccessDenied": true, "AccessDeniedException": true, "AuthFailure": true, "InvalidAccessKeyId": true,
-}
-
 // credentialRefusal reports whether err, from a request, is the server
 // refusing the credentials: one of refusalCodes, or an HTTP 401 or 403
 // answer other than an expired token or request (which fresh credentials

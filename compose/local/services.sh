@@ -119,10 +119,18 @@ saved_port() { cat "$STATE/ports/$1" 2>/dev/null || true; }
 # wait_ready NAME WHAT: wait until NAME_ready succeeds, failing with NAME's
 # log if its process (WHAT) exits or START_TIMEOUT passes.
 wait_ready() {
-	local name=$1 what=$2 i
+	local name=$1 what=$2 i gone=0
 	for i in $(seq $((START_TIMEOUT * 4))); do
 		"${name}_ready" && { say "$name: ready"; return 0; }
-		[ -n "$("${name}_pid")" ] || fail_start "$name" "$STATE/$name.log" "$what exited during start"
+		# Gone on two looks in a row: while spawn's shell execs the server,
+		# /proc/PID/cmdline can read empty for an instant, and one look
+		# then misses a process that is starting.
+		if [ -n "$("${name}_pid")" ]; then
+			gone=0
+		else
+			gone=$((gone + 1))
+			[ "$gone" -lt 2 ] || fail_start "$name" "$STATE/$name.log" "$what exited during start"
+		fi
 		sleep 0.25
 	done
 	fail_start "$name" "$STATE/$name.log" "not ready after ${START_TIMEOUT}s"

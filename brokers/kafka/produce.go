@@ -178,24 +178,13 @@ func (b *kafkaBroker) producePartition(ctx context.Context, k topicPartition, re
 // produceChunk sends one produce request of the records idx of recs to
 // partition k, again while the broker refuses it retriably.
 func (b *kafkaBroker) produceChunk(ctx context.Context, k topicPartition, recs []kafkago.Message, idx []int) error {
-	rs := make([]kafkago.Record, len(idx))
-	for j, i := range idx {
-		m := &recs[i]
-		rs[j] = kafkago.Record{Time: m.Time, Headers: m.Headers}
-		if m.Key != nil {
-			rs[j].Key = kafkago.NewBytes(m.Key)
-		}
-		if m.Value != nil { // nil: a tombstone
-			rs[j].Value = kafkago.NewBytes(m.Value)
-		}
-	}
 	backoff := produceBackoffMin
 	for attempt := 1; ; attempt++ {
 		res, err := b.client.Produce(ctx, &kafkago.ProduceRequest{
 			Topic:        k.topic,
 			Partition:    k.partition,
 			RequiredAcks: kafkago.RequireAll,
-			Records:      kafkago.NewRecordReader(rs...),
+			Records:      chunkRecords(recs, idx),
 		})
 		if err == nil && res != nil && res.Error != nil {
 			err = res.Error
@@ -219,6 +208,26 @@ func (b *kafkaBroker) produceChunk(ctx context.Context, k topicPartition, recs [
 		}
 		backoff = min(2*backoff, produceBackoffMax)
 	}
+}
+
+// chunkRecords returns the records idx of recs as a fresh reader, one per
+// request: a kafkago.Bytes key or value is read once by the request's
+// encoding, so a request sent again with the readers of the first would
+// carry empty keys and values (every record of a retried chunk reached
+// the topic with an empty body before this was built per attempt).
+func chunkRecords(recs []kafkago.Message, idx []int) kafkago.RecordReader {
+	rs := make([]kafkago.Record, len(idx))
+	for j, i := range idx {
+		m := &recs[i]
+		rs[j] = kafkago.Record{Time: m.Time, Headers: m.Headers}
+		if m.Key != nil {
+			rs[j].Key = kafkago.NewBytes(m.Key)
+		}
+		if m.Value != nil { // nil: a tombstone
+			rs[j].Value = kafkago.NewBytes(m.Value)
+		}
+	}
+	return kafkago.NewRecordReader(rs...)
 }
 
 // retriable reports whether a produce request that failed with err is

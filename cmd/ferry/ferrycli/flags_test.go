@@ -32,7 +32,7 @@ var (
 	metricsNames     = []string{"metrics-addr", "otlp-endpoint"}
 	alertNames       = []string{"alert-threshold", "alert-for", "alert-interval", "alert-webhook-url",
 		"alert-telegram-token", "alert-telegram-chat-id", "alert-telegram-api-url"}
-	relayNames  = []string{"batch-size", "poll-interval", "retention"}
+	relayNames  = []string{"batch-size", "poll-interval", "relay-mode", "wal-slot", "retention"}
 	workerNames = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout"}
 	smtpNames   = []string{"smtp-addr", "smtp-timeout", "smtp-data-timeout"}
 	benchBroker = []string{"rabbitmq-url", "nats-url", "kafka-brokers", "sqs-endpoint", "aws-region"}

@@ -191,6 +191,22 @@ func publicationSQL(pub, destination string) string {
 // relay's only write per batch (no new row version, no index entry).
 const walDeleteSQL = `DELETE FROM outbox WHERE id = ANY($1::bigint[]) AND attempts = 0`
 
+// EnsureSlot creates the replication slot and the publication of a WAL
+// relay (RelayConfig.Mode "wal") when they do not exist yet, as Run does
+// at its start: the events committed after it returned are in the slot's
+// stream (those committed before were handed to the polling side). Call it
+// before switching producers over, or in tests before enqueueing. It
+// returns ErrSlotLost for a registered slot that was dropped or
+// invalidated, ErrWALUnavailable when the database cannot stream (the
+// message names the setting), the database's error otherwise, and an
+// error in poll mode.
+func (r *Relay) EnsureSlot(ctx context.Context) error {
+	if r.cfg.Mode != RelayModeWAL {
+		return fmt.Errorf("outbox: relay: EnsureSlot: Mode is %q, not %q", r.cfg.Mode, RelayModeWAL)
+	}
+	return r.ensureSlot(ctx)
+}
+
 // ensureSlot makes sure the slot and the publication exist; on the first
 // start it creates them, registers the slot (outbox_wal_slots) and hands
 // the rows committed before the slot to the polling relay. A registered
@@ -802,4 +818,46 @@ FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot,
 		s.OldestUnconfirmedAge = time.Duration(*age * float64(time.Second))
 	}
 	return s, nil
+}
+
+// WALSlotStats is a WALStats with the destination its slot was created
+// for (outbox_wal_slots), for ListWALStats.
+type WALSlotStats struct {
+	WALStats
+	// Destination is the outbox destination the slot's relay publishes.
+	Destination string
+}
+
+// ListWALStats returns the stats of every slot a WAL relay created on
+// this database (outbox_wal_slots), in slot name order; none when no relay
+// ran in WAL mode, or before migration 9.
+func ListWALStats(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) ([]WALSlotStats, error) {
+	var has bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('outbox_wal_slots') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, `SELECT slot_name, destination FROM outbox_wal_slots ORDER BY slot_name`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: wal stats: %w", err)
+	}
+	type sd struct{ slot, dest string }
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sd, error) {
+		var x sd
+		return x, r.Scan(&x.slot, &x.dest)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: wal stats: %w", err)
+	}
+	var out []WALSlotStats
+	for _, x := range list {
+		s, err := ReadWALStats(ctx, q, x.slot, x.dest)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, WALSlotStats{WALStats: s, Destination: x.dest})
+	}
+	return out, nil
 }

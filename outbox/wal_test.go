@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
 	"github.com/ferrymq/ferry/internal/testenv"
@@ -350,3 +352,48 @@ func TestNewRelayWALValidation(t *testing.T) {
 type nopBroker struct{ broker.Broker }
 
 func (nopBroker) Capabilities() broker.Capabilities { return broker.Capabilities{Name: "nop"} }
+
+// While no relay streams, the slot retains the WAL and the events wait
+// as outbox rows: the WAL stats show both, and the stuck-outbox alert,
+// which reads the table backlog, fires on them as in poll mode; a relay
+// started later publishes them all.
+func TestWALRelayBacklogRetainsAndAlerts(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	slot := walSlot(t)
+	cfg := outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot}
+	stop := runRelay(t, newRelay(t, cfg))
+	waitStreaming(t, rg.pool, slot)
+	stop()
+
+	ids := enqueue(t, rg.pool, events(150, "test.backlog")...)
+	w, err := outbox.ReadWALStats(ctx, rg.pool, slot, "")
+	require.NoError(t, err)
+	require.True(t, w.Exists)
+	require.False(t, w.Active)
+	require.Positive(t, w.RetainedBytes)
+	require.EqualValues(t, 150, w.Unconfirmed)
+	require.Positive(t, w.OldestUnconfirmedAge)
+	list, err := outbox.ListWALStats(ctx, rg.pool)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, outbox.DefaultDestination, list[0].Destination)
+
+	now := time.Now()
+	a, err := alert.New(alert.Config{Threshold: 100, For: time.Minute, Source: func(ctx context.Context) (int, time.Duration, error) {
+		s, err := outbox.ReadStats(ctx, rg.pool)
+		return int(s.Unprocessed), s.OldestUnprocessedAge, err
+	}, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	require.Equal(t, alert.Pending, a.Check(ctx))
+	now = now.Add(2 * time.Minute)
+	require.Equal(t, alert.Firing, a.Check(ctx))
+
+	runRelay(t, newRelay(t, cfg))
+	counts, _ := collect(t, rg.b, rg.queue, len(ids), 200*time.Millisecond)
+	require.Len(t, counts, len(ids))
+	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
+	now = now.Add(time.Minute)
+	require.Equal(t, alert.Inactive, a.Check(ctx))
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // brokerServer says how the tests reach the real server of a broker in
@@ -68,6 +69,16 @@ func forEachBroker(t *testing.T, f func(t *testing.T, b string)) {
 			})
 		}
 	}
+}
+
+// forEachBrokerAndMode runs f on every broker (forEachBroker) with each
+// relay mode, the polling relay and the WAL relay.
+func forEachBrokerAndMode(t *testing.T, f func(t *testing.T, b, mode string)) {
+	forEachBroker(t, func(t *testing.T, b string) {
+		for _, mode := range []string{outbox.RelayModePoll, outbox.RelayModeWAL} {
+			t.Run(mode, func(t *testing.T) { f(t, b, mode) })
+		}
+	})
 }
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a

@@ -637,13 +637,25 @@ func (r *Relay) walMessage(rel *pglogrepl.RelationMessage, tup *pglogrepl.TupleD
 // the slot) or when ctx is done.
 func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState, probe bool) batchResult {
 	var pending []*walTx
+	var probeTimer <-chan time.Time
+	if probe {
+		// A stream with nothing to publish tells nothing about the
+		// broker: give the probe back after a poll interval, so that the
+		// claim loops try again meanwhile.
+		t := time.NewTimer(r.cfg.PollInterval)
+		defer t.Stop()
+		probeTimer = t.C
+	}
 	for {
-		if len(pending) == 0 {
+		for len(pending) == 0 {
 			select {
 			case <-ctx.Done():
 				return batchResult{}
 			case tx := <-txs:
 				pending = append(pending, tx)
+			case <-probeTimer:
+				r.endProbe(probe)
+				probe, probeTimer = false, nil
 			}
 		}
 		n := 0
@@ -678,9 +690,7 @@ func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState,
 			if res.fatal || res.outage {
 				return res
 			}
-			if probe {
-				probe = false
-			}
+			probe, probeTimer = false, nil
 			r.setAvailable()
 		}
 		last := pending[take-1]

@@ -42,6 +42,11 @@ func newRelayRig(t *testing.T, name string) *relayRig {
 	ex := strings.ReplaceAll(testenv.UniqueName("e2e-relay"), ".", "-")
 	rg := &relayRig{pool: pool, name: name, queue: ex + "-work", logs: &syncBuffer{}, slot: strings.NewReplacer("-", "_", ".", "_").Replace(strings.ToLower("ferry_" + ex)),
 		topo: broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: ex + "-work", Bindings: []string{"rel.#"}}}}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay logs:\n%s", rg.logs.String())
+		}
+	})
 	return rg
 }
 

@@ -204,7 +204,16 @@ func (r *Relay) EnsureSlot(ctx context.Context) error {
 	if r.cfg.Mode != RelayModeWAL {
 		return fmt.Errorf("outbox: relay: EnsureSlot: Mode is %q, not %q", r.cfg.Mode, RelayModeWAL)
 	}
-	return r.ensureSlot(ctx)
+	for {
+		err := r.ensureSlot(ctx)
+		if !errors.Is(err, errSlotCreating) {
+			return err
+		}
+		// Another relay is creating it: wait until it registered it.
+		if !sleep(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
 }
 
 // ensureSlot makes sure the slot and the publication exist; on the first
@@ -216,11 +225,13 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	var (
 		registered bool
 		exists     bool
+		active     bool
 		walStatus  *string
 	)
 	err := r.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1),
   EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
-  (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&registered, &exists, &walStatus)
+  COALESCE((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false),
+  (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&registered, &exists, &active, &walStatus)
 	if err != nil {
 		return fmt.Errorf("outbox: wal relay: look up slot %q: %w", slot, err)
 	}
@@ -236,6 +247,12 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 		return lost("was invalidated (wal_status lost: it fell behind max_slot_wal_keep_size)")
 	case exists && registered:
 		return nil
+	case exists && active:
+		// Another relay is creating it (a slot is consistent only once
+		// its creation returned: the rows committed before that are not
+		// in its stream, and that relay hands them over when it registers
+		// the slot). Stand by.
+		return errSlotCreating
 	}
 	if err := WALCheck(ctx, r.cfg.Pool); err != nil {
 		return err
@@ -260,6 +277,11 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 			}
 		}
 	}
+	// (A slot that exists unregistered and inactive was created by a
+	// relay that died before registering it: its creation completed, so
+	// it is consistent, and registering it now is what that relay would
+	// have done.)
+	//
 	// The rows committed before the slot are not in its stream: hand them
 	// to the polling relay (a row committed after the slot and before this
 	// statement is then published by both: a duplicate with the same
@@ -272,6 +294,9 @@ UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_a
 	r.log.Info("outbox: wal relay: created replication slot and publication", "slot", slot, "handed_to_polling", tag.RowsAffected())
 	return nil
 }
+
+// errSlotCreating: another relay is creating the slot; stand by.
+var errSlotCreating = errors.New("outbox: wal relay: another relay is creating the slot")
 
 // ResetWALSlot is the way back from ErrSlotLost: it drops the slot
 // registration (and the slot, when it still exists and no relay streams
@@ -345,6 +370,9 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 	if err := r.ensureSlot(ctx); err != nil {
 		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrWALUnavailable) {
 			return batchResult{}, err
+		}
+		if errors.Is(err, errSlotCreating) {
+			return batchResult{}, nil // stand by, try again in a second
 		}
 		return batchResult{err: err, outage: true, dbFault: true}, nil
 	}
@@ -629,13 +657,42 @@ func (r *Relay) walMessage(rel *pglogrepl.RelationMessage, tup *pglogrepl.TupleD
 }
 
 // walPublish publishes the transactions in commit order, in batches of up
-// to BatchSize events (a larger transaction in several), settles each
-// batch in one database transaction (delete the confirmed rows, park the
-// refused ones: the shared path of publish.go) and then moves the
-// confirmed position past the transactions wholly settled. It returns on
-// an outage (the stream stops; what was not settled is read again from
-// the slot) or when ctx is done.
-func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState, probe bool) batchResult {
+// to BatchSize events (a larger transaction in several). Each published
+// batch goes to a settler goroutine, which settles it in one database
+// transaction (delete the confirmed rows, park the refused ones: the
+// shared path of publish.go) and then moves the confirmed position past
+// the transactions wholly settled, while the next batch is published: one
+// batch in flight at the broker (so a key's events keep their order), one
+// being settled. It returns on an outage (the stream stops; what was not
+// settled is read again from the slot) or when ctx is done.
+func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState, probe bool) (res batchResult) {
+	settle := make(chan walSettle, 1)
+	var (
+		settleRes  batchResult
+		settleDone = make(chan struct{})
+	)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		defer close(settleDone)
+		for w := range settle {
+			if settleRes.outage || settleRes.fatal {
+				continue // the stream stops: the rest is read again
+			}
+			if sr := r.walSettle(ctx, w, st); sr.outage {
+				settleRes = sr
+				cancel() // stop publishing: the stream restarts from the confirmed position
+			}
+		}
+	}()
+	defer func() {
+		close(settle)
+		<-settleDone
+		if settleRes.outage && ctx.Err() == nil {
+			res = settleRes
+		}
+	}()
+
 	var pending []*walTx
 	var probeTimer <-chan time.Time
 	if probe {
@@ -649,7 +706,7 @@ func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState,
 	for {
 		for len(pending) == 0 {
 			select {
-			case <-ctx.Done():
+			case <-sctx.Done():
 				return batchResult{}
 			case tx := <-txs:
 				pending = append(pending, tx)
@@ -683,74 +740,111 @@ func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState,
 		}
 		for off := 0; off < len(ids); off += r.cfg.BatchSize {
 			end := min(off+r.cfg.BatchSize, len(ids))
-			res := r.walBatch(ctx, ids[off:end], msgs[off:end])
-			if ctx.Err() != nil {
+			w, res := r.walPublishBatch(sctx, ids[off:end], msgs[off:end])
+			if sctx.Err() != nil {
 				return batchResult{}
 			}
-			if res.fatal || res.outage {
+			if res.fatal || (res.outage && w == nil) {
 				return res
+			}
+			if end == len(ids) {
+				// The last part: once settled, the transactions taken
+				// are done.
+				w.txs, w.end = int64(take), pending[take-1].end
+				if take < len(pending) {
+					w.oldest = pending[take].commit
+				}
+			}
+			select {
+			case settle <- *w:
+			case <-sctx.Done():
+				return batchResult{}
+			}
+			if res.outage {
+				return res // the settler records what was confirmed; the stream stops
 			}
 			probe, probeTimer = false, nil
 			r.setAvailable()
 		}
-		last := pending[take-1]
-		st.confirmed.Store(uint64(last.end))
-		st.mu.Lock()
-		st.settled += int64(take)
-		if take < len(pending) {
-			st.oldestUnsettled = pending[take].commit
-		} else {
-			st.oldestUnsettled = time.Time{}
-		}
-		st.mu.Unlock()
 		pending = append(pending[:0], pending[take:]...)
 	}
 }
 
-// walBatch publishes one batch and settles it: the shared publish,
-// classify and park path, with the confirmed rows deleted instead of
-// marked.
-func (r *Relay) walBatch(ctx context.Context, ids []int64, msgs []*broker.Message) (res batchResult) {
+// walSettle is a published batch for the settler.
+type walSettle struct {
+	start time.Time
+	ids   []int64
+	p     published
+	st    settlement
+	txs   int64         // transactions wholly settled with this batch (0: a part of one)
+	end   pglogrepl.LSN // the last of them's end
+	// oldest is the commit time of the first transaction not settled
+	// after this batch (zero: none read yet).
+	oldest time.Time
+}
+
+// walPublishBatch publishes one batch and classifies the broker's answer
+// (the shared path of publish.go). It returns the batch to settle, nil
+// with res.outage when nothing of it is to be settled (the test hook
+// failed, as if the relay had crashed), or res.fatal.
+func (r *Relay) walPublishBatch(ctx context.Context, ids []int64, msgs []*broker.Message) (*walSettle, batchResult) {
 	start := time.Now()
-	res.claimed = len(msgs)
-	defer func() { r.observe(ctx, start, res) }()
 	p := r.publish(ctx, msgs)
-	res.publishDur = p.publishDur
 	if p.fatal {
-		res.err, res.fatal = p.perr, true
-		return res
+		res := batchResult{claimed: len(msgs), publishDur: p.publishDur, err: p.perr, fatal: true}
+		r.observe(ctx, start, res)
+		return nil, res
 	}
 	if r.cfg.AfterPublish != nil {
 		if err := r.cfg.AfterPublish(ctx, ids); err != nil {
-			res.err = fmt.Errorf("outbox: relay: after publish: %w", err)
-			res.outage = true
-			return res
+			res := batchResult{claimed: len(msgs), publishDur: p.publishDur, err: fmt.Errorf("outbox: relay: after publish: %w", err), outage: true}
+			r.observe(ctx, start, res)
+			return nil, res
 		}
 	}
-	shutdown := ctx.Err() != nil
-	if shutdown {
-		// Not settled: read again from the slot by the next relay.
-		return batchResult{}
+	if ctx.Err() != nil {
+		return nil, batchResult{} // not settled: read again from the slot by the next stream
 	}
 	st := r.classify(ids, make([]int, len(ids)), p.perr, false)
+	res := batchResult{outage: len(st.downIDs) > 0, fatal: p.closed, err: p.perr}
+	if res.outage {
+		r.log.Warn("outbox: wal relay: broker unavailable, stopping the stream (the slot keeps the WAL)", "broker", r.brokerName, "err", st.downErr)
+	}
+	return &walSettle{start: start, ids: ids, p: p, st: st}, res
+}
+
+// walSettle settles a published batch in one database transaction: the
+// confirmed rows deleted (the WAL relay's only write per event), the
+// refused ones parked, the outage's reason recorded; then, when the batch
+// completes transactions, the confirmed position moves past them. It
+// returns res.outage when the database failed.
+func (r *Relay) walSettle(ctx context.Context, w walSettle, st *walState) batchResult {
+	res := batchResult{claimed: len(w.ids), publishDur: w.p.publishDur}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if len(st.okIDs) > 0 {
-		b.Queue(walDeleteSQL, st.okIDs)
+	if len(w.st.okIDs) > 0 {
+		b.Queue(walDeleteSQL, w.st.okIDs)
 	}
-	r.queueSettlement(b, st)
+	r.queueSettlement(b, w.st)
 	b.Queue("COMMIT")
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	if err := r.cfg.Pool.SendBatch(mctx, b).Close(); err != nil {
-		return batchResult{claimed: len(msgs), publishDur: res.publishDur, err: fmt.Errorf("outbox: wal relay: settle: %w", err), outage: true, dbFault: true}
+		res.err, res.outage, res.dbFault = fmt.Errorf("outbox: wal relay: settle: %w", err), true, true
+		r.observe(ctx, w.start, res)
+		return res
 	}
-	res.markDur = time.Since(p.confirmedAt)
-	r.settled(&res, p, st)
-	if res.outage && len(st.downIDs) > 0 {
-		r.log.Warn("outbox: wal relay: broker unavailable, stopping the stream (the slot keeps the WAL)", "broker", r.brokerName, "err", st.downErr)
+	res.markDur = time.Since(w.p.confirmedAt)
+	r.settled(&res, w.p, w.st)
+	r.observe(ctx, w.start, res)
+	if w.txs > 0 && !res.outage {
+		st.confirmed.Store(uint64(w.end))
+		st.mu.Lock()
+		st.settled += w.txs
+		st.oldestUnsettled = w.oldest
+		st.mu.Unlock()
 	}
-	return res
+	return batchResult{}
 }
 
 // WALStats is a snapshot of a WAL relay's slot, for `ferry outbox stats`

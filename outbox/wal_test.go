@@ -324,6 +324,19 @@ func TestWALRelayStandbyTakesOver(t *testing.T) {
 	close(stopWriting)
 	<-writerDone
 
+	t.Cleanup(func() {
+		if t.Failed() {
+			var left []int64
+			rows, _ := pool.Query(context.Background(), `SELECT id FROM outbox ORDER BY id`)
+			for rows.Next() {
+				var id int64
+				_ = rows.Scan(&id)
+				left = append(left, id)
+			}
+			s, _ := outbox.ReadWALStats(context.Background(), pool, slot, "")
+			t.Logf("rows left in the outbox: %v; slot %+v", left, s)
+		}
+	})
 	got := receiveOrdered(t, b, ex+".work", len(all), time.Second)
 	seen := map[string]bool{}
 	for _, id := range got {

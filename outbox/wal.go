@@ -257,6 +257,13 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	if err := WALCheck(ctx, r.cfg.Pool); err != nil {
 		return err
 	}
+	var otherDB *string
+	if err := r.cfg.Pool.QueryRow(ctx, `SELECT database::text FROM pg_replication_slots WHERE slot_name = $1 AND database IS DISTINCT FROM current_database()`, slot).Scan(&otherDB); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("outbox: wal relay: look up slot %q: %w", slot, err)
+	}
+	if otherDB != nil {
+		return fmt.Errorf("%w: the replication slot name %q is taken by database %q on this server (slot names are server-wide): give this relay its own (RelayConfig.Slot, --wal-slot)", ErrWALUnavailable, slot, *otherDB)
+	}
 	// The publication first: the slot decodes with the publication as it
 	// was when each change was written, so it must exist before the slot's
 	// consistent point.

@@ -182,6 +182,9 @@ type stack struct {
 	exchange string
 	queue    string
 	tag      string
+	// relayMode is ferry run's --relay-mode ("": the default, poll);
+	// with "wal" run also passes a --wal-slot of the test's own.
+	relayMode string
 }
 
 // newStack makes a fresh database (migrated through `ferry migrate`) and
@@ -221,6 +224,9 @@ func (s *stack) run(retryDelay string, extra ...string) (*proc, string) {
 	s.t.Helper()
 	addr := freeAddr(s.t)
 	args := append([]string{"run", "--database-url", s.dbURL, "--addr", addr, "--shutdown-timeout", "5s", "--poll-interval", "200ms"}, s.brokerArgs(retryDelay)...)
+	if s.relayMode == outbox.RelayModeWAL {
+		args = append(args, "--relay-mode=wal", "--wal-slot", strings.NewReplacer("-", "_").Replace(strings.ToLower(s.exchange)))
+	}
 	p := startFerry(s.t, append(args, extra...)...)
 	base := "http://" + addr
 	waitFor(s.t, 30*time.Second, "the API to answer /healthz", func() (bool, string) {

@@ -361,6 +361,12 @@
 //     was deleted. A relay killed at any point resumes from that position:
 //     the events after it are published again with the same message ID,
 //     which the workers' dedup absorbs.
+//   - Visible before published: PostgreSQL flushes a commit record, which
+//     a WAL sender may stream at once, a moment before the committing
+//     transaction becomes visible to other sessions; the relay waits
+//     (one query per batch: none of its transactions in the running list
+//     of a new snapshot) so that a handler always sees the producer's
+//     rows, as with the polling relay.
 //   - One streamer per slot: PostgreSQL lets one connection stream a slot
 //     at a time. Relays started with the same Slot stand by (they try
 //     again every second) and one takes over within about a second after

@@ -71,7 +71,7 @@ func (rg *relayRig) open(t *testing.T) broker.Broker {
 func (rg *relayRig) relay(t *testing.T, cfg outbox.RelayConfig) {
 	t.Helper()
 	cfg.Pool, cfg.Broker, cfg.Retention = rg.pool, rg.open(t), -1
-	cfg.Logger = slog.New(slog.NewTextHandler(rg.logs, nil))
+	cfg.Logger = slog.New(slog.NewTextHandler(rg.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if cfg.Mode == outbox.RelayModeWAL {
 		cfg.Slot = rg.slot
 	}

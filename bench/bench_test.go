@@ -77,10 +77,21 @@ func BenchmarkRelayThroughput(b *testing.B) {
 				return one, many
 			}
 			oneBefore, manyBefore := raw()
-			fillOutbox(b, db, n)
-			relayRate, phases := drain(b, kind, db, tp, s, n)
-			purgeQueues(b, kind, tp)
+			// Each relay mode drains the same backlog in turn, between
+			// the two raw runs (the WAL relay's slot exists before its
+			// backlog is inserted, so the rows are in its stream).
+			rates := map[string]float64{}
+			phaseOf := map[string]string{}
+			for _, mode := range s.relayModes {
+				if mode == outbox.RelayModeWAL {
+					ensureSlot(b, db)
+				}
+				fillOutbox(b, db, n)
+				rates[mode], phaseOf[mode] = drain(b, kind, db, tp, s, n, mode)
+				purgeQueues(b, kind, tp)
+			}
 			oneAfter, manyAfter := raw()
+			relayRate, phases := rates[s.relayModes[0]], phaseOf[s.relayModes[0]]
 
 			one, many := (oneBefore+oneAfter)/2, (manyBefore+manyAfter)/2
 			ratio := relayRate / max(one, many)
@@ -92,8 +103,13 @@ func BenchmarkRelayThroughput(b *testing.B) {
 				b.ReportMetric(relayRate/many, "relay/raw-par")
 			}
 			b.ReportMetric(ratio, "relay/raw")
+			for _, mode := range s.relayModes {
+				b.ReportMetric(rates[mode], mode+"-relay-msgs/s")
+				b.ReportMetric(rates[mode]/max(one, many), mode+"-relay/raw")
+				b.Logf("%s: relay mode %s: %.0f msgs/s = %.2f x the faster raw baseline; %s", kind, mode, rates[mode], rates[mode]/max(one, many), phaseOf[mode])
+			}
 			b.ReportMetric(0, "ns/op")
-			b.Logf("%s: %d events, %s; %s", kind, n, describeMessage(), s)
+			b.Logf("%s: %d events, %s; %s; relay/raw is the first mode's (%s)", kind, n, describeMessage(), s, s.relayModes[0])
 			how := single
 			if kind == "rabbitmq" || kind == "kafka" {
 				how = fmt.Sprintf("%s, batches of %d", single, s.relayBatch)
@@ -122,9 +138,9 @@ func BenchmarkRelayThroughput(b *testing.B) {
 
 // drain runs a relay over the outbox until n rows were published and
 // returns rows/s and where a batch's time went.
-func drain(b *testing.B, kind string, db database, tp broker.Topology, s settings, n int) (float64, string) {
+func drain(b *testing.B, kind string, db database, tp broker.Topology, s settings, n int, mode string) (float64, string) {
 	b.Helper()
-	p := startPipeline(b, kind, db, tp, s, parts{relay: true, target: int64(n)})
+	p := startPipeline(b, kind, db, tp, s, parts{relay: true, target: int64(n), mode: mode})
 	start := time.Now()
 	p.waitPublished(b, 5*time.Minute)
 	rate := float64(n) / time.Since(start).Seconds()
@@ -145,72 +161,90 @@ func drain(b *testing.B, kind string, db database, tp broker.Topology, s setting
 // own fresh database.
 func BenchmarkEndToEnd(b *testing.B) {
 	for _, kind := range kinds {
-		b.Run(kind, func(b *testing.B) {
-			s := loadSettings(b)
-			n := s.events
-			ctx := benchCtx(b)
-
-			alone := newDatabase(b)
-			apool := alone.newPool(b, s.producers)
-			cm := startCost(b, alone, "")
-			d, err := produceBurst(ctx, apool, s.producers, n)
-			must(b, err)
-			createRate := float64(n) / d.Seconds()
-			apool.Close()
-			createCost := stopCost(b, cm, alone, n, "create-")
-
-			db := newDatabase(b)
-			tp := newTopology(b, kind)
-			p := startPipeline(b, kind, db, tp, s, parts{relay: true, worker: true, target: int64(n)})
-			pool := db.newPool(b, s.producers)
-			m := startCost(b, db, kind)
-			start := time.Now()
-			pd, err := produceBurst(ctx, pool, s.producers, n)
-			must(b, err)
-			p.wait(b, 5*time.Minute)
-			elapsed := time.Since(start)
-			p.stop()
-			pool.Close()
-			cost := stopCost(b, m, db, n, "")
-			logStatements(b, db, n, kind+": end to end")
-			if sent := countSent(b, db); sent != int64(n) {
-				b.Errorf("bench: %d of %d business rows marked sent", sent, n)
-			}
-
-			pstats := p.stats()
-
-			// Each stage alone on its own fresh database: the relay
-			// draining N committed events, then the worker draining the
-			// N queued messages.
-			staged := newDatabase(b)
-			fillBusiness(b, staged, n)
-			stp := newTopology(b, kind)
-			relayRate, relayPhases := drain(b, kind, staged, stp, s, n)
-			wp := startPipeline(b, kind, staged, stp, s, parts{worker: true, target: int64(n)})
-			wstart := time.Now()
-			wp.wait(b, 5*time.Minute)
-			workerRate := float64(n) / time.Since(wstart).Seconds()
-			wp.stop()
-			if sent := countSent(b, staged); sent != int64(n) {
-				b.Errorf("bench: worker alone: %d of %d business rows marked sent", sent, n)
-			}
-
-			rate := float64(n) / elapsed.Seconds()
-			b.ReportMetric(rate, "e2e-events/s")
-			b.ReportMetric(relayRate, "relay-alone-events/s")
-			b.ReportMetric(workerRate, "worker-alone-events/s")
-			b.ReportMetric(float64(n)/pd.Seconds(), "produce-events/s")
-			b.ReportMetric(createRate, "create-alone-events/s")
-			b.ReportMetric(0, "ns/op")
-			b.Logf("%s: %d events, %d producers, %s; %s", kind, n, s.producers, describeMessage(), s)
-			b.Logf("%s: creation alone (no relay, no worker) %.0f events/s; %s", kind, createRate, createCost)
-			b.Logf("%s: end to end %.0f events/s (aim >= 3000): all %d handled %.2fs after the first commit; producers committed at %.0f events/s meanwhile; %d duplicates, %d retried/dead",
-				kind, rate, n, elapsed.Seconds(), float64(n)/pd.Seconds(), p.dups.Load(), p.other.Load())
-			b.Logf("%s: end to end cost (app = producers + relay + worker in this process): %s", kind, cost)
-			b.Logf("%s: %s", kind, pstats)
-			b.Logf("%s: stages alone: relay %.0f events/s (%s); worker %.0f events/s (%s)", kind, relayRate, relayPhases, workerRate, wp.workerStats())
-		})
+		for _, mode := range loadSettings(b).relayModes {
+			b.Run(modeName(kind, mode), func(b *testing.B) { endToEnd(b, kind, mode) })
+		}
 	}
+}
+
+// modeName is a sub-benchmark's name: the broker, and "-wal" for the WAL
+// relay (the polling relay's keep the names of the runs before it, which
+// bench/compare.sh reads).
+func modeName(kind, mode string) string {
+	if mode == outbox.RelayModeWAL {
+		return kind + "-wal"
+	}
+	return kind
+}
+
+// endToEnd is one run of BenchmarkEndToEnd with the relay in mode.
+func endToEnd(b *testing.B, kind, mode string) {
+	s := loadSettings(b)
+	n := s.events
+	ctx := benchCtx(b)
+
+	alone := newDatabase(b)
+	apool := alone.newPool(b, s.producers)
+	cm := startCost(b, alone, "")
+	d, err := produceBurst(ctx, apool, s.producers, n)
+	must(b, err)
+	createRate := float64(n) / d.Seconds()
+	apool.Close()
+	createCost := stopCost(b, cm, alone, n, "create-")
+
+	db := newDatabase(b)
+	tp := newTopology(b, kind)
+	p := startPipeline(b, kind, db, tp, s, parts{relay: true, worker: true, target: int64(n), mode: mode})
+	pool := db.newPool(b, s.producers)
+	m := startCost(b, db, kind)
+	start := time.Now()
+	pd, err := produceBurst(ctx, pool, s.producers, n)
+	must(b, err)
+	p.wait(b, 5*time.Minute)
+	elapsed := time.Since(start)
+	p.stop()
+	pool.Close()
+	cost := stopCost(b, m, db, n, "")
+	logStatements(b, db, n, kind+": end to end")
+	if sent := countSent(b, db); sent != int64(n) {
+		b.Errorf("bench: %d of %d business rows marked sent", sent, n)
+	}
+
+	pstats := p.stats()
+
+	// Each stage alone on its own fresh database: the relay
+	// draining N committed events, then the worker draining the
+	// N queued messages.
+	staged := newDatabase(b)
+	if mode == outbox.RelayModeWAL {
+		ensureSlot(b, staged)
+	}
+	fillBusiness(b, staged, n)
+	stp := newTopology(b, kind)
+	relayRate, relayPhases := drain(b, kind, staged, stp, s, n, mode)
+	wp := startPipeline(b, kind, staged, stp, s, parts{worker: true, target: int64(n)})
+	wstart := time.Now()
+	wp.wait(b, 5*time.Minute)
+	workerRate := float64(n) / time.Since(wstart).Seconds()
+	wp.stop()
+	if sent := countSent(b, staged); sent != int64(n) {
+		b.Errorf("bench: worker alone: %d of %d business rows marked sent", sent, n)
+	}
+
+	rate := float64(n) / elapsed.Seconds()
+	b.ReportMetric(rate, "e2e-events/s")
+	b.ReportMetric(relayRate, "relay-alone-events/s")
+	b.ReportMetric(workerRate, "worker-alone-events/s")
+	b.ReportMetric(float64(n)/pd.Seconds(), "produce-events/s")
+	b.ReportMetric(createRate, "create-alone-events/s")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("%s: relay mode %s; %d events, %d producers, %s; %s", kind, mode, n, s.producers, describeMessage(), s)
+	b.Logf("%s: creation alone (no relay, no worker) %.0f events/s; %s", kind, createRate, createCost)
+	b.Logf("%s: end to end %.0f events/s (aim >= 3000): all %d handled %.2fs after the first commit; producers committed at %.0f events/s meanwhile; %d duplicates, %d retried/dead",
+		kind, rate, n, elapsed.Seconds(), float64(n)/pd.Seconds(), p.dups.Load(), p.other.Load())
+	b.Logf("%s: end to end cost (app = producers + relay + worker in this process): %s", kind, cost)
+	b.Logf("%s: %s", kind, pstats)
+	b.Logf("%s: stages alone: relay %.0f events/s (%s); worker %.0f events/s (%s)", kind, relayRate, relayPhases, workerRate, wp.workerStats())
 }
 
 // BenchmarkLatency commits events at a steady rate (200/s and 1,000/s,
@@ -221,16 +255,19 @@ func BenchmarkEndToEnd(b *testing.B) {
 // 1,000/s p99 <= 50 ms.
 func BenchmarkLatency(b *testing.B) {
 	for _, kind := range kinds {
-		b.Run(kind, func(b *testing.B) {
-			for _, rate := range loadSettings(b).latencyRates {
-				b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { latency(b, kind, rate) })
-			}
-		})
+		for _, mode := range loadSettings(b).relayModes {
+			b.Run(modeName(kind, mode), func(b *testing.B) {
+				for _, rate := range loadSettings(b).latencyRates {
+					b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { latency(b, kind, mode, rate) })
+				}
+			})
+		}
 	}
 }
 
-// latency is one run of BenchmarkLatency at rate events/s.
-func latency(b *testing.B, kind string, rate int) {
+// latency is one run of BenchmarkLatency at rate events/s with the relay
+// in mode.
+func latency(b *testing.B, kind, mode string, rate int) {
 	s := loadSettings(b)
 	n := s.latencyEvents
 	if n == 0 {
@@ -253,7 +290,7 @@ func latency(b *testing.B, kind string, rate int) {
 	committed := make([]atomic.Int64, size) // commit returned
 	confirmed := make([]atomic.Int64, size) // the relay's Publish returned
 	handled := make([]atomic.Int64, size)   // the handler started
-	p := startPipeline(b, kind, db, tp, s, parts{relay: true, worker: true, target: int64(n + warm),
+	p := startPipeline(b, kind, db, tp, s, parts{relay: true, worker: true, target: int64(n + warm), mode: mode,
 		onHandled: func(msg *broker.Message) {
 			id, _ := strconv.ParseInt(msg.ID, 10, 64)
 			stamp(handled, id)
@@ -312,7 +349,7 @@ func latency(b *testing.B, kind string, rate int) {
 	b.ReportMetric(ms(suite.Percentile(conf, 99)), "confirmed-p99-ms")
 	b.ReportMetric(float64(n)/d.Seconds(), "paced-events/s")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("%s: %d events at %d/s (achieved %.0f/s), %s; %s", kind, n, rate, float64(n)/d.Seconds(), describeMessage(), s)
+	b.Logf("%s: relay mode %s; %d events at %d/s (achieved %.0f/s), %s; %s", kind, mode, n, rate, float64(n)/d.Seconds(), describeMessage(), s)
 	b.Logf("%s: commit-to-handler latency p50 %.2f ms (aim <= 5), p99 %.2f ms (aim <= 10), max %.2f ms", kind, ms(p50), ms(p99), ms(worst))
 	b.Logf("%s: of which commit-to-confirmed (relay woken, claimed, published, confirm received) p50 %.2f ms, p99 %.2f ms; %d of %d handled before the relay saw the confirm",
 		kind, ms(suite.Percentile(conf, 50)), ms(suite.Percentile(conf, 99)), early, len(ids))

@@ -59,6 +59,10 @@ type settings struct {
 	workerBatch     int   // worker.Config.BatchSize (the handler's effects are all in its transaction)
 	latencyEvents   int   // events of each latency run (0: 10 s worth at its rate)
 	latencyRates    []int // events/s of the latency runs, one run each
+	// relayModes are the relay modes (outbox.RelayConfig.Mode) each
+	// benchmark runs, side by side in one run: FERRY_BENCH_RELAY_MODES,
+	// "poll,wal" by default.
+	relayModes []string
 	// relayBatchDelay is outbox.RelayConfig.BatchDelay (0: the default).
 	relayBatchDelay time.Duration
 	// notifyWindow is outbox.SetNotifyWindow's window; negative leaves
@@ -101,6 +105,17 @@ func loadSettings(b *testing.B) settings {
 		workerPrefetch:  envInt("FERRY_BENCH_WORKER_PREFETCH", 0),
 		workerBatch:     envInt("FERRY_BENCH_WORKER_BATCH", 1),
 		latencyRates:    []int{200, 1000},
+	}
+	s.relayModes = []string{outbox.RelayModePoll, outbox.RelayModeWAL}
+	if v := os.Getenv("FERRY_BENCH_RELAY_MODES"); v != "" {
+		s.relayModes = nil
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			if f != outbox.RelayModePoll && f != outbox.RelayModeWAL {
+				b.Fatalf("bench: FERRY_BENCH_RELAY_MODES=%q: want poll, wal or both separated by a comma", v)
+			}
+			s.relayModes = append(s.relayModes, f)
+		}
 	}
 	if os.Getenv("FERRY_BENCH_LATENCY_EVENTS") != "" {
 		s.latencyEvents = envInt("FERRY_BENCH_LATENCY_EVENTS", 0)
@@ -161,6 +176,7 @@ func benchCtx(b *testing.B) context.Context {
 type database struct {
 	pool *pgxpool.Pool // small admin pool from testenv.NewPool
 	dsn  string
+	slot string // the replication slot of a WAL relay on it (slots are server-wide)
 }
 
 func newDatabase(b *testing.B) database {
@@ -169,8 +185,25 @@ func newDatabase(b *testing.B) database {
 	pool, dsn := testenv.NewPool(b)
 	must(b, outbox.Migrate(ctx, pool))
 	must(b, app.Migrate(ctx, pool))
-	return database{pool: pool, dsn: dsn}
+	var name string
+	must(b, pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name))
+	return database{pool: pool, dsn: dsn, slot: outbox.DefaultSlotName(name)}
 }
+
+// ensureSlot creates the WAL relay's slot on db, so that the outbox rows
+// inserted next are in its stream (those inserted before would be handed
+// to the polling side).
+func ensureSlot(b *testing.B, db database) {
+	b.Helper()
+	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: db.pool, Broker: nopBroker{}, Mode: outbox.RelayModeWAL, Slot: db.slot, Logger: quietLogger})
+	must(b, err)
+	must(b, r.EnsureSlot(benchCtx(b)))
+}
+
+// nopBroker only names itself: ensureSlot's relay publishes nothing.
+type nopBroker struct{ broker.Broker }
+
+func (nopBroker) Capabilities() broker.Capabilities { return broker.Capabilities{Name: "none"} }
 
 // newPool opens a pool of at most maxConns connections on the database,
 // closed when the benchmark ends.
@@ -393,6 +426,7 @@ type parts struct {
 	target        int64                                        // events to publish and to handle
 	onHandled     func(*broker.Message)                        // see handler
 	afterPublish  func(ctx context.Context, ids []int64) error // outbox.RelayConfig.AfterPublish
+	mode          string                                       // outbox.RelayConfig.Mode ("": poll)
 }
 
 func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s settings, pt parts) *pipeline {
@@ -409,7 +443,7 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			Pool: pool, Broker: newBroker(b, kind, tp, s),
 			BatchSize: s.relayBatch, Concurrency: s.relayConc, BatchDelay: s.relayBatchDelay, Retention: -1, Logger: quietLogger,
-			AfterPublish: pt.afterPublish,
+			AfterPublish: pt.afterPublish, Mode: pt.mode, Slot: db.slot,
 			OnBatch: func(st outbox.BatchStats) {
 				if st.Published > 0 {
 					p.batches.Add(1)
@@ -423,6 +457,9 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 			},
 		})
 		must(b, err)
+		if pt.mode == outbox.RelayModeWAL {
+			must(b, relay.EnsureSlot(ctx))
+		}
 		runs = append(runs, relay.Run)
 	}
 	if pt.worker {

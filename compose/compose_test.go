@@ -956,3 +956,14 @@ func TestNegativeFixtures(t *testing.T) {
 		})
 	}
 }
+
+// PostgreSQL runs with wal_level=logical, so that a relay may run with
+// --relay-mode=wal (FERRY_RELAY_MODE=wal; outbox.RelayModeWAL), whose
+// start-up check refuses a server without it.
+func TestPostgresAllowsTheWALRelay(t *testing.T) {
+	t.Parallel()
+	pg, err := load(t).GetService("postgres")
+	require.NoError(t, err)
+	cmd := strings.Join(pg.Command, " ")
+	require.Contains(t, cmd, "-c wal_level=logical", "the postgres service's command")
+}

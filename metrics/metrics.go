@@ -21,6 +21,8 @@ const (
 	OutboxUnprocessedRows    = "ferry_outbox_unprocessed_rows"
 	OutboxOldestAgeSeconds   = "ferry_outbox_oldest_unprocessed_age_seconds"
 	OutboxParkedRows         = "ferry_outbox_parked_rows"
+	OutboxWALRetainedBytes   = "ferry_outbox_wal_retained_bytes"
+	OutboxWALOldestSeconds   = "ferry_outbox_wal_oldest_unconfirmed_age_seconds"
 	RelayPublishedTotal      = "ferry_relay_published_total"
 	RelayPublishErrorsTotal  = "ferry_relay_publish_errors_total"
 	RelayBatchDuration       = "ferry_relay_batch_duration_seconds"
@@ -234,6 +236,18 @@ type OutboxStats struct {
 	// Parked is the number of unprocessed rows whose publication failed
 	// for a reason of their own (outbox.Stats.Parked).
 	Parked int
+	// WAL is true for a relay in WAL mode (outbox.RelayModeWAL): the
+	// collector then also exports ferry_outbox_wal_retained_bytes and
+	// ferry_outbox_wal_oldest_unconfirmed_age_seconds from the two fields
+	// below (outbox.ReadWALStats).
+	WAL bool
+	// WALRetainedBytes is the WAL the relay's slot keeps on the server
+	// (bytes; outbox.WALStats.RetainedBytes).
+	WALRetainedBytes int64
+	// WALOldestUnconfirmed is the age of the oldest event not yet
+	// confirmed by the WAL relay (outbox.WALStats.OldestUnconfirmedAge),
+	// 0 when none.
+	WALOldestUnconfirmed time.Duration
 }
 
 // OutboxStatsFunc reports the outbox backlog including the parked rows;
@@ -258,6 +272,8 @@ type OutboxCollector struct {
 	rows    *prometheus.Desc
 	age     *prometheus.Desc
 	parked  *prometheus.Desc // nil without an OutboxStatsFunc
+	walRet  *prometheus.Desc
+	walAge  *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*OutboxCollector)(nil)
@@ -308,6 +324,10 @@ func NewOutboxStatsCollector(brokerName string, stats OutboxStatsFunc, timeout t
 			"Age of the oldest unprocessed outbox row in seconds, 0 when there is none.", nil, labels),
 		parked: prometheus.NewDesc(OutboxParkedRows,
 			"Unprocessed outbox rows whose publication failed for a reason of their own (refused, unroutable, too large), retried with backoff; 0 when none.", nil, labels),
+		walRet: prometheus.NewDesc(OutboxWALRetainedBytes,
+			"WAL relay: bytes of WAL the replication slot keeps on the PostgreSQL server (from its restart position to the current WAL position); grows while the relay is down or behind.", nil, labels),
+		walAge: prometheus.NewDesc(OutboxWALOldestSeconds,
+			"WAL relay: age in seconds of the oldest event not yet confirmed by the broker and settled, 0 when there is none.", nil, labels),
 	}, nil
 }
 
@@ -351,6 +371,9 @@ func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	if c.parked != nil {
 		ch <- c.parked
 	}
+	// The WAL series are exported only by a WAL relay: Describe leaves
+	// them out (an unchecked collector for them), so a poll relay's
+	// registry has no such series at all.
 }
 
 // Collect implements prometheus.Collector: one StatsFunc call per scrape.
@@ -371,6 +394,10 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, st.Oldest.Seconds())
 	if c.parked != nil {
 		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(st.Parked))
+	}
+	if st.WAL {
+		ch <- prometheus.MustNewConstMetric(c.walRet, prometheus.GaugeValue, float64(st.WALRetainedBytes))
+		ch <- prometheus.MustNewConstMetric(c.walAge, prometheus.GaugeValue, st.WALOldestUnconfirmed.Seconds())
 	}
 }
 

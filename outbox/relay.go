@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -164,6 +165,25 @@ type RelayConfig struct {
 	// concurrently when Concurrency > 1); it must be quick. Meant for
 	// metrics.
 	OnBatch func(BatchStats)
+	// Mode is how the relay finds the events: RelayModePoll ("poll",
+	// claims and marks rows) or RelayModeWAL ("wal", reads the rows'
+	// inserts from the WAL by logical replication and deletes them once
+	// confirmed; the polling relay's claim loops then only publish the
+	// scheduled and parked rows). See the package documentation, "WAL
+	// relay", for what WAL mode needs from the database. Defaults to
+	// RelayModePoll.
+	Mode string
+	// Slot is the logical replication slot, and the publication, of WAL
+	// mode: lower-case letters, digits and '_', 1..MaxSlotNameBytes bytes,
+	// unique on the server. Relays started with the same Slot stand by
+	// while one of them streams (PostgreSQL lets one stream a slot at a
+	// time) and take over within about a second when it dies. Defaults to
+	// DefaultSlotName(Destination) ("ferry_default"). Ignored in poll mode.
+	Slot string
+	// StatusInterval is how often the WAL relay reports its confirmed
+	// position to the server (and the longest it waits for a reply).
+	// Defaults to DefaultStatusInterval (1 s). Ignored in poll mode.
+	StatusInterval time.Duration
 	// AfterPublish, when set, is called after Publish returned and before
 	// the batch's rows are marked. A non-nil error rolls the transaction
 	// back, as if the relay had crashed at that point: the rows stay
@@ -273,6 +293,25 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 			*d.v = d.def
 		}
 	}
+	switch cfg.Mode {
+	case "":
+		cfg.Mode = RelayModePoll
+	case RelayModePoll, RelayModeWAL:
+	default:
+		return nil, fmt.Errorf("%w: Mode %q: want %q or %q", ErrInvalidConfig, cfg.Mode, RelayModePoll, RelayModeWAL)
+	}
+	if cfg.Slot == "" {
+		cfg.Slot = DefaultSlotName(cfg.Destination)
+	}
+	if err := ValidateSlotName(cfg.Slot); err != nil {
+		return nil, fmt.Errorf("%w: Slot %q: %v", ErrInvalidConfig, cfg.Slot, err)
+	}
+	switch {
+	case cfg.StatusInterval < 0:
+		return nil, fmt.Errorf("%w: StatusInterval %v: must not be negative", ErrInvalidConfig, cfg.StatusInterval)
+	case cfg.StatusInterval == 0:
+		cfg.StatusInterval = DefaultStatusInterval
+	}
 	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
 		return nil, fmt.Errorf("%w: MaxRetryBackoff %v: must be at least RetryBackoff %v", ErrInvalidConfig, cfg.MaxRetryBackoff, cfg.RetryBackoff)
 	}
@@ -363,7 +402,24 @@ func (r *Relay) Run(ctx context.Context) error {
 		fatalMu  sync.Mutex
 		fatalErr error
 	)
-	wg.Go(func() { r.listen(ctx) })
+	if r.cfg.Mode == RelayModeWAL {
+		// The WAL stream publishes what is due at once; the claim loops
+		// only the scheduled and parked rows, found by the poll (a NOTIFY
+		// is for an event the stream carries).
+		wg.Go(func() {
+			if err := r.walRun(ctx); err != nil {
+				r.log.Error("outbox: wal relay: stopping", "slot", r.cfg.Slot, "err", err)
+				fatalMu.Lock()
+				if fatalErr == nil {
+					fatalErr = err
+				}
+				fatalMu.Unlock()
+				cancel()
+			}
+		})
+	} else {
+		wg.Go(func() { r.listen(ctx) })
+	}
 	wg.Go(func() { r.poll(ctx) })
 	if r.cfg.Retention > 0 {
 		wg.Go(func() { r.retain(ctx) })
@@ -381,7 +437,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 	}
 	r.signal()
-	r.log.Info("outbox: relay: started", "broker", r.brokerName, "destination", r.cfg.Destination, "batch_size", r.cfg.BatchSize,
+	r.log.Info("outbox: relay: started", "mode", r.cfg.Mode, "broker", r.brokerName, "destination", r.cfg.Destination, "batch_size", r.cfg.BatchSize,
 		"concurrency", r.cfg.Concurrency, "poll_interval", r.cfg.PollInterval, "retention", r.cfg.Retention)
 	wg.Wait()
 	r.log.Info("outbox: relay: stopped", "broker", r.brokerName)
@@ -905,6 +961,29 @@ SELECT c.id, c.event_type, c.partition_key, c.payload, c.headers, c.occurred_at,
 FROM c
 ORDER BY c.id`, keyLockClass, keySlots-1)
 
+// claimWaitingSQL is claimSQL for the claim loops of a WAL relay: only
+// the rows with next_attempt_at (scheduled, parked, or handed over when
+// the slot was created or reset) are theirs; the others are the WAL
+// stream's (see the package documentation, "WAL relay"), and do not hold
+// back a key's waiting rows.
+var claimWaitingSQL = mustReplace(claimSQL,
+	[2]string{`(SELECT CASE WHEN r.destination = $3 THEN r.id END FROM outbox r
+     WHERE r.processed_at IS NULL AND r.next_attempt_at IS NULL AND (r.destination, r.id) > ($3, 0)
+     ORDER BY r.destination, r.id LIMIT 1)`, `NULL::bigint`},
+	[2]string{"  WHERE processed_at IS NULL\n    AND (destination, id) >=", "  WHERE processed_at IS NULL AND next_attempt_at IS NOT NULL\n    AND (destination, id) >="},
+	[2]string{"AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())", "AND e.next_attempt_at <= now()"})
+
+// mustReplace replaces each pair's first string, which must occur, in s.
+func mustReplace(s string, pairs ...[2]string) string {
+	for _, p := range pairs {
+		if !strings.Contains(s, p[0]) {
+			panic("outbox: claim query variant: missing " + p[0])
+		}
+		s = strings.Replace(s, p[0], p[1], 1)
+	}
+	return s
+}
+
 // markSQL marks the confirmed rows: processed_at is the time Publish
 // returned (the broker's last confirm of the batch), as the transaction's
 // start (now(), the claim) plus $2 microseconds measured by the relay.
@@ -926,12 +1005,7 @@ WHERE o.id = f.id`
 
 func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	start := time.Now()
-	defer func() {
-		if r.cfg.OnBatch != nil && (res.claimed > 0 || (res.err != nil && ctx.Err() == nil)) {
-			r.cfg.OnBatch(BatchStats{Claimed: res.claimed, Published: res.published, Failed: res.failed,
-				Duration: time.Since(start), PublishDuration: res.publishDur, MarkDuration: res.markDur, Err: res.err})
-		}
-	}()
+	defer func() { r.observe(ctx, start, res) }()
 	dbErr := func(op string, err error) batchResult {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return batchResult{err: ctxErr}
@@ -958,7 +1032,11 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 	claim := &pgx.Batch{}
 	began := time.Now() // about when the transaction's now() is taken
 	claim.Queue("BEGIN")
-	claim.Queue(claimSQL, r.cfg.BatchSize, r.claimWindow(), r.cfg.Destination, destinationSalt(r.cfg.Destination))
+	q := claimSQL
+	if r.cfg.Mode == RelayModeWAL {
+		q = claimWaitingSQL
+	}
+	claim.Queue(q, r.cfg.BatchSize, r.claimWindow(), r.cfg.Destination, destinationSalt(r.cfg.Destination))
 	br := c.SendBatch(ctx, claim)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -1025,75 +1103,31 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		return res
 	}
 
-	pstart := time.Now()
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	perr := r.cfg.Broker.Publish(pctx, msgs)
-	cancel()
-	mstart := time.Now()
-	res.publishDur = mstart.Sub(pstart)
-	var partial *broker.PublishError
-	if errors.Is(perr, broker.ErrClosed) && !errors.As(perr, &partial) {
-		res.err, res.fatal = perr, true
+	sb := r.publish(ctx, msgs)
+	res.publishDur = sb.publishDur
+	if sb.fatal {
+		res.err, res.fatal = sb.perr, true
 		return res
 	}
-	// A *broker.PublishError from a broker closed meanwhile still lists
-	// only the messages it did not confirm: the others are marked below
-	// (never sent again) before the relay stops.
-	closedMeanwhile := errors.Is(perr, broker.ErrClosed)
 	if r.cfg.AfterPublish != nil {
 		if err := r.cfg.AfterPublish(ctx, ids); err != nil {
 			res.err = fmt.Errorf("outbox: relay: after publish: %w", err)
 			return res
 		}
 	}
-	failed := broker.FailedIndexes(perr, len(msgs))
 	shutdown := ctx.Err() != nil
-	confirmedAfter := mstart.Sub(began).Microseconds()
+	st := r.classify(ids, attempts, sb.perr, shutdown)
+	confirmedAfter := sb.confirmedAt.Sub(began).Microseconds()
 
 	// Mark even when ctx was cancelled meanwhile: the broker has the
 	// confirmed messages, and not marking them would publish them again.
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer mcancel()
-	okIDs := make([]int64, 0, len(msgs)-len(failed))
-	var (
-		failIDs    []int64
-		failErrs   []string
-		failDelays []int64
-		downIDs    []int64 // not published because the broker failed
-		downErr    error
-	)
-	for i, id := range ids {
-		ferr, bad := failed[i]
-		if !bad {
-			okIDs = append(okIDs, id)
-			continue
-		}
-		if shutdown && (errors.Is(ferr, context.Canceled) || errors.Is(ferr, context.DeadlineExceeded)) {
-			continue // interrupted by our own shutdown: not the row's failure
-		}
-		if !broker.IsMessageFault(ferr) {
-			// The broker failed, not the row: no attempt is counted and
-			// the row keeps its place; the relay pauses as a whole.
-			downIDs = append(downIDs, id)
-			if downErr == nil {
-				downErr = ferr
-			}
-			continue
-		}
-		failIDs = append(failIDs, id)
-		failErrs = append(failErrs, broker.TruncateReason(ferr.Error()))
-		failDelays = append(failDelays, retryDelay(attempts[i], r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff).Milliseconds())
-	}
 	mark := &pgx.Batch{}
-	if len(okIDs) > 0 {
-		mark.Queue(markSQL, okIDs, confirmedAfter)
+	if len(st.okIDs) > 0 {
+		mark.Queue(markSQL, st.okIDs, confirmedAfter)
 	}
-	if len(failIDs) > 0 {
-		mark.Queue(failSQL, failIDs, failErrs, failDelays)
-	}
-	if len(downIDs) > 0 {
-		mark.Queue(outageSQL, downIDs, broker.TruncateReason(r.unavailableReason(downErr)))
-	}
+	r.queueSettlement(mark, st)
 	mark.Queue("COMMIT")
 	if err := c.SendBatch(mctx, mark).Close(); err != nil || c.Conn().PgConn().TxStatus() != 'I' {
 		if err == nil {
@@ -1101,22 +1135,8 @@ func (r *Relay) processBatch(ctx context.Context) (res batchResult) {
 		}
 		return batchResult{claimed: len(msgs), publishDur: res.publishDur, err: fmt.Errorf("outbox: relay: mark: %w", err), outage: !shutdown, dbFault: true}
 	}
-	res.markDur = time.Since(mstart)
-	res.published = len(okIDs)
-	res.failed = len(failed)
-	if perr != nil {
-		res.err = perr
-		var pe *broker.PublishError
-		if !errors.As(perr, &pe) {
-			res.err = fmt.Errorf("outbox: relay: publish: %w", perr)
-		}
-		res.outage = len(downIDs) > 0
-		res.fatal = closedMeanwhile
-		if len(failIDs) > 0 {
-			r.log.Warn("outbox: relay: messages refused by the broker or its adapter, parking them with backoff",
-				"broker", r.brokerName, "failed", len(failIDs), "first_id", failIDs[0], "err", failErrs[0])
-		}
-	}
+	res.markDur = time.Since(sb.confirmedAt)
+	r.settled(&res, sb, st)
 	return res
 }
 

@@ -107,7 +107,7 @@ func WriteMarkdown(w io.Writer, res *Results, charts map[string]string) {
 				}
 			}
 		}
-		fmt.Fprintf(w, "| broker | variant | status |")
+		fmt.Fprintf(w, "| broker | relay | variant | status |")
 		for _, c := range cols {
 			if units[c] != "" {
 				fmt.Fprintf(w, " %s (%s) |", c, units[c])
@@ -115,9 +115,9 @@ func WriteMarkdown(w io.Writer, res *Results, charts map[string]string) {
 				fmt.Fprintf(w, " %s |", c)
 			}
 		}
-		fmt.Fprintf(w, " note |\n|---|---|---|%s---|\n", strings.Repeat("---:|", len(cols)))
+		fmt.Fprintf(w, " note |\n|---|---|---|---|%s---|\n", strings.Repeat("---:|", len(cols)))
 		for _, r := range rows {
-			fmt.Fprintf(w, "| %s | %s | %s |", r.Broker, r.Variant, r.Status)
+			fmt.Fprintf(w, "| %s | %s | %s | %s |", r.Broker, r.RelayMode, r.Variant, r.Status)
 			for _, c := range cols {
 				if v, ok := r.figure(c); ok {
 					fmt.Fprintf(w, " %s |", formatValue(v))

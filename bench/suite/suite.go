@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // Scenario names, in the order Run runs them.
@@ -193,6 +194,12 @@ type Point struct {
 type Result struct {
 	Scenario string `json:"scenario"`
 	Broker   string `json:"broker"`
+	// RelayMode is the outbox relay's mode the result was measured with
+	// (outbox.RelayConfig.Mode): "poll" for every scenario of this suite
+	// (RelayMode); the WAL relay's figures, side by side with the polling
+	// relay's, come from the Go benchmarks (bench/README.md, "Polling and
+	// WAL relays").
+	RelayMode string `json:"relay_mode"`
 	// Variant distinguishes several runs of a scenario on one broker, e.g.
 	// "200/s" or "4 workers, ordered".
 	Variant string `json:"variant,omitempty"`
@@ -345,7 +352,7 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		fmt.Fprintf(r.cfg.Progress, "ferry bench: %s failed: %v\n", label, err)
 	}
 	for i := range out {
-		out[i].Scenario, out[i].Broker = sc, t.Name
+		out[i].Scenario, out[i].Broker, out[i].RelayMode = sc, t.Name, RelayMode
 		if out[i].Status == "" {
 			out[i].Status = statusOK
 		}
@@ -357,10 +364,16 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 	return out
 }
 
+// RelayMode is the relay mode of every scenario's relay (Result.RelayMode).
+const RelayMode = outbox.RelayModePoll
+
 // summaryLine is one result in one line, for the progress output.
 func summaryLine(r Result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s", r.Scenario, r.Broker)
+	if r.RelayMode != "" {
+		fmt.Fprintf(&b, " [relay %s]", r.RelayMode)
+	}
 	if r.Variant != "" {
 		fmt.Fprintf(&b, " (%s)", r.Variant)
 	}

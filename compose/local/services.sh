@@ -433,6 +433,10 @@ pg_pid() {
 	return 0
 }
 
+# PG_WAL_OPTS are the server settings of the WAL relay: logical decoding,
+# and slots and senders for the tests' relays (each test has its own slot).
+PG_WAL_OPTS="-c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64"
+
 pg_port() { sed -n 4p "$PGDATA_DIR/postmaster.pid" 2>/dev/null || saved_port postgres; }
 
 pg_init() {
@@ -478,11 +482,23 @@ start_postgres() {
 		# counts (the view exists where the extension is created: database
 		# ferry). Given on the command line, so clusters created before
 		# this line get it too.
-		local opts="-p $port"
+		# wal_level=logical for the WAL relay (outbox/wal.go; ferry relay
+		# --mode=wal), also on the command line so that older clusters
+		# get it at their next start.
+		local opts="-p $port $PG_WAL_OPTS"
 		[ -f "$("$PGBIN/pg_config" --pkglibdir 2>/dev/null || echo "$PGBIN/../lib")/pg_stat_statements.so" ] &&
 			opts="$opts -c shared_preload_libraries=pg_stat_statements"
 		as_pg bash -c "$CLOSE_FDS"'exec "$@"' pg_ctl "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -o "$opts" start </dev/null >/dev/null 2>&1 ||
 			fail_start postgres "$PGLOG" "pg_ctl start failed"
+	fi
+	# A server started before wal_level=logical was given (by an older
+	# services.sh) needs a restart to change it.
+	if [ "$(psql_admin -tAc "SHOW wal_level")" != logical ]; then
+		say "postgres: restarting to set wal_level=logical (the WAL relay needs it)"
+		local o
+		o=$(psql_admin -tAc "SELECT '-p ' || current_setting('port') || ' -c shared_preload_libraries=' || quote_literal(current_setting('shared_preload_libraries'))")
+		as_pg bash -c "$CLOSE_FDS"'exec "$@"' pg_ctl "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGLOG" -w -t "$START_TIMEOUT" -m fast -o "$o $PG_WAL_OPTS" restart </dev/null >/dev/null 2>&1 ||
+			fail_start postgres "$PGLOG" "pg_ctl restart failed"
 	fi
 	# Provision: role ferry with this checkout's password (may create
 	# databases: tests do), the setting ferry.checkout the tests check, and
@@ -494,7 +510,8 @@ start_postgres() {
     ALTER ROLE ferry LOGIN CREATEDB PASSWORD '$CHECKOUT';
   END IF;
 END \$\$;
-ALTER ROLE ferry SET ferry.checkout = '$CHECKOUT';" || die "postgres: could not create role ferry"
+ALTER ROLE ferry SET ferry.checkout = '$CHECKOUT';
+ALTER ROLE ferry REPLICATION;" || die "postgres: could not create role ferry"
 	if [ "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = 'ferry'")" != 1 ]; then
 		psql_admin -c "CREATE DATABASE ferry OWNER ferry" || die "postgres: could not create database ferry"
 	fi

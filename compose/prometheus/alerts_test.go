@@ -71,6 +71,7 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	known := map[string]bool{
 		metrics.OutboxUnprocessedRows: true, metrics.OutboxOldestAgeSeconds: true,
+		metrics.OutboxWALRetainedBytes: true, metrics.OutboxWALOldestSeconds: true,
 		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true,
 		metrics.WorkerMessagesTotal: true, metrics.WorkerSettleFailures: true,
 		metrics.QueueOldestAgeSeconds: true, metrics.QueueRetentionSeconds: true, metrics.QueueMessages: true,
@@ -214,4 +215,16 @@ func unparen(e parser.Expr) parser.Expr {
 		}
 		e = p.Expr
 	}
+}
+
+// TestWALSlotRule: the WAL relay's retained WAL and oldest unconfirmed
+// event have a rule (issue 20), per broker like the stuck-outbox rule.
+func TestWALSlotRule(t *testing.T) {
+	t.Parallel()
+	r, ok := parseRules(t)["FerryWALSlotRetaining"]
+	require.True(t, ok, "rule FerryWALSlotRetaining missing")
+	require.Contains(t, r.Expr, metrics.OutboxWALRetainedBytes)
+	require.Contains(t, r.Expr, metrics.OutboxWALOldestSeconds)
+	require.Contains(t, r.Expr, "max by (broker)")
+	require.Equal(t, "critical", r.Labels["severity"])
 }

@@ -68,6 +68,35 @@ func TestDemoRabbitMQFile(t *testing.T) {
 	require.Contains(t, out, "OK: every accepted notification is sent or dead")
 }
 
+// TestDemoWAL runs `ferry demo --relay-mode=wal` twice: with no other
+// flag (embedded PostgreSQL 18, which the demo starts with
+// wal_level=logical, and embedded NATS), and on the shared sample with the
+// real PostgreSQL 15 of services.sh and RabbitMQ: every accepted
+// notification final, exit 0.
+func TestDemoWAL(t *testing.T) {
+	t.Run("embedded", func(t *testing.T) {
+		unsetFerryEnv(t)
+		code, out, errOut := ferry(t, "demo", "--relay-mode=wal", "--data-dir", t.TempDir())
+		t.Logf("%s", out)
+		require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
+		require.Equal(t, 50, summaryCount(t, out, "sent"))
+		require.Contains(t, out, "embedded PostgreSQL")
+		require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	})
+	t.Run("rabbitmq", func(t *testing.T) {
+		file := filepath.Join(testenv.RepoRoot(), "..", "shared", "data", "notifications-1000.ndjson")
+		slot := strings.NewReplacer("-", "_").Replace(testenv.UniqueName("ferry_e2e_demo"))
+		code, out, errOut := ferry(t, "demo", "--relay-mode=wal", "--wal-slot", slot, "--broker=rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+			"--database-url", testenv.NewDatabase(t), "--smtp-addr", testenv.SMTPAddr(),
+			"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q"), "--file", file)
+		t.Logf("%s", out)
+		require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
+		require.Equal(t, 968, summaryCount(t, out, "accepted"))
+		require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
+		require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	})
+}
+
 // TestDemoKafkaFile runs the demo on the shared 1,000-line sample with the
 // real PostgreSQL, Kafka and Mailpit: 968 accepted, 32 rejected, every
 // accepted one final, exit 0.

@@ -14,16 +14,30 @@ import (
 
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // TestBrokerOutage is issue 2's test 3: with the broker stopped, 200
 // notifications are accepted by the API and wait in the outbox; once the
 // broker is back, the outbox drains to 0 and 200 distinct mails reach
 // Mailpit.
+//
+// With the WAL relay (--relay-mode=wal) the relay streams first, then the
+// broker stops: the stream stops, the slot keeps the WAL and the events
+// wait as outbox rows; once the broker is back the stream resumes.
 func TestBrokerOutage(t *testing.T) {
-	forEachBroker(t, func(t *testing.T, b string) {
+	forEachBrokerAndMode(t, func(t *testing.T, b, mode string) {
 		s := newStack(t, b)
+		s.relayMode = mode
 		service := brokerServers[b].service
+		var base string
+		if mode == outbox.RelayModeWAL {
+			_, base = s.run("300ms", "--smtp-addr", testenv.SMTPAddr())
+			waitFor(t, time.Minute, "the WAL relay to stream", func() (bool, string) {
+				n, raw := s.outboxStats()
+				return n == 0 && strings.Contains(raw, `"active": true`), raw
+			})
+		}
 		testenv.Services(t, "stop", service)
 		started := false
 		t.Cleanup(func() {
@@ -32,7 +46,9 @@ func TestBrokerOutage(t *testing.T) {
 			}
 		})
 
-		_, base := s.run("300ms", "--smtp-addr", testenv.SMTPAddr())
+		if mode != outbox.RelayModeWAL {
+			_, base = s.run("300ms", "--smtp-addr", testenv.SMTPAddr())
+		}
 		ids := s.post(base, 200)
 		require.Len(t, ids, 200)
 		unprocessed, raw := s.outboxStats()
@@ -61,9 +77,10 @@ func TestBrokerOutage(t *testing.T) {
 // (seen through RabbitMQ's management API and `ferry dlq list`) and marked
 // dead; with SMTP fixed, `ferry dlq replay` brings it back and it is sent.
 func TestDeadLetterAndReplay(t *testing.T) {
-	forEachBroker(t, func(t *testing.T, b string) {
+	forEachBrokerAndMode(t, func(t *testing.T, b, mode string) {
 		const delay = 300 * time.Millisecond
 		s := newStack(t, b)
+		s.relayMode = mode
 		nowhere := freeAddr(t) // nothing listens there once the listener closed
 		p, base := s.run(delay.String(), "--smtp-addr", nowhere, "--max-attempts", "5")
 		ids := s.post(base, 1)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // brokerServer says how the tests reach the real server of a broker in
@@ -68,6 +69,16 @@ func forEachBroker(t *testing.T, f func(t *testing.T, b string)) {
 			})
 		}
 	}
+}
+
+// forEachBrokerAndMode runs f on every broker (forEachBroker) with each
+// relay mode, the polling relay and the WAL relay.
+func forEachBrokerAndMode(t *testing.T, f func(t *testing.T, b, mode string)) {
+	forEachBroker(t, func(t *testing.T, b string) {
+		for _, mode := range []string{outbox.RelayModePoll, outbox.RelayModeWAL} {
+			t.Run(mode, func(t *testing.T) { f(t, b, mode) })
+		}
+	})
 }
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a
@@ -171,6 +182,9 @@ type stack struct {
 	exchange string
 	queue    string
 	tag      string
+	// relayMode is ferry run's --relay-mode ("": the default, poll);
+	// with "wal" run also passes a --wal-slot of the test's own.
+	relayMode string
 }
 
 // newStack makes a fresh database (migrated through `ferry migrate`) and
@@ -210,6 +224,9 @@ func (s *stack) run(retryDelay string, extra ...string) (*proc, string) {
 	s.t.Helper()
 	addr := freeAddr(s.t)
 	args := append([]string{"run", "--database-url", s.dbURL, "--addr", addr, "--shutdown-timeout", "5s", "--poll-interval", "200ms"}, s.brokerArgs(retryDelay)...)
+	if s.relayMode == outbox.RelayModeWAL {
+		args = append(args, "--relay-mode=wal", "--wal-slot", strings.NewReplacer("-", "_").Replace(strings.ToLower(s.exchange)))
+	}
 	p := startFerry(s.t, append(args, extra...)...)
 	base := "http://" + addr
 	waitFor(s.t, 30*time.Second, "the API to answer /healthz", func() (bool, string) {

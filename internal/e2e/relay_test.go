@@ -30,6 +30,7 @@ type relayRig struct {
 	topo  broker.Topology
 	queue string
 	logs  *syncBuffer
+	slot  string // the replication slot of its WAL relays
 }
 
 func newRelayRig(t *testing.T, name string) *relayRig {
@@ -39,8 +40,13 @@ func newRelayRig(t *testing.T, name string) *relayRig {
 	pool, _ := testenv.NewPool(t)
 	require.NoError(t, outbox.Migrate(ctx, pool))
 	ex := strings.ReplaceAll(testenv.UniqueName("e2e-relay"), ".", "-")
-	rg := &relayRig{pool: pool, name: name, queue: ex + "-work", logs: &syncBuffer{},
+	rg := &relayRig{pool: pool, name: name, queue: ex + "-work", logs: &syncBuffer{}, slot: strings.NewReplacer("-", "_", ".", "_").Replace(strings.ToLower("ferry_" + ex)),
 		topo: broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: ex + "-work", Bindings: []string{"rel.#"}}}}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay logs:\n%s", rg.logs.String())
+		}
+	})
 	return rg
 }
 
@@ -59,12 +65,23 @@ func (rg *relayRig) open(t *testing.T) broker.Broker {
 }
 
 // relay starts a relay on its own broker connection until the test ends.
+// In WAL mode (cfg.Mode) every relay of the rig shares the rig's slot, and
+// the slot exists when relay returns, so the events enqueued next are the
+// stream's.
 func (rg *relayRig) relay(t *testing.T, cfg outbox.RelayConfig) {
 	t.Helper()
 	cfg.Pool, cfg.Broker, cfg.Retention = rg.pool, rg.open(t), -1
-	cfg.Logger = slog.New(slog.NewTextHandler(rg.logs, nil))
+	cfg.Logger = slog.New(slog.NewTextHandler(rg.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if cfg.Mode == outbox.RelayModeWAL {
+		cfg.Slot = rg.slot
+	}
 	r, err := outbox.NewRelay(cfg)
 	require.NoError(t, err)
+	if cfg.Mode == outbox.RelayModeWAL {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, r.EnsureSlot(ctx))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -124,9 +141,9 @@ func pct(ds []time.Duration, p float64) time.Duration {
 // not there (issue 7, item 1). The test logs the good rows'
 // commit-to-confirm latency with and without the bad row.
 func TestRelayMessageFaultIsARowFailure(t *testing.T) {
-	forEachBroker(t, func(t *testing.T, name string) {
+	forEachBrokerAndMode(t, func(t *testing.T, name, mode string) {
 		rg := newRelayRig(t, name)
-		rg.relay(t, outbox.RelayConfig{RetryBackoff: 500 * time.Millisecond, MaxRetryBackoff: time.Minute})
+		rg.relay(t, outbox.RelayConfig{Mode: mode, RetryBackoff: 500 * time.Millisecond, MaxRetryBackoff: time.Minute})
 
 		produce := func(n int) []int64 {
 			var ids []int64
@@ -190,6 +207,12 @@ func TestRelayMessageFaultIsARowFailure(t *testing.T) {
 		require.EqualValues(t, 1, st.Parked)
 		require.Equal(t, bad, st.ParkedRows[0].ID)
 
+		if mode == outbox.RelayModeWAL {
+			// The WAL relay deletes the confirmed rows: no processed_at
+			// to take latencies from (bench's Latency measures them).
+			t.Logf("%s, wal relay: bad row: %d attempts in %v, last_error %q", name, attempts, elapsed.Round(time.Millisecond), lastErr)
+			return
+		}
 		lb, lw := rg.latencies(t, baseline), rg.latencies(t, withBad)
 		require.Len(t, lw, len(withBad))
 		t.Logf("%s: commit-to-confirm latency of good rows: without the bad row p50 %v p99 %v, beside it p50 %v p99 %v; bad row: %d attempts in %v, last_error %q",
@@ -209,8 +232,14 @@ func bad2str(id int64) string { return strconv.FormatInt(id, 10) }
 // OrderingNone must refuse the Ordered subscription with ErrUnsupported.
 func TestRelayKeepsPerKeyOrder(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, name string) {
-		for _, relays := range []int{1, 3} {
-			t.Run(fmt.Sprint(relays, "relays"), func(t *testing.T) {
+		// The WAL relay has no slot locks: one relay streams, the others
+		// stand by (2 relays: one standby).
+		for _, run := range []struct {
+			mode   string
+			relays int
+		}{{outbox.RelayModePoll, 1}, {outbox.RelayModePoll, 3}, {outbox.RelayModeWAL, 2}} {
+			mode, relays := run.mode, run.relays
+			t.Run(fmt.Sprint(mode, "-", relays, "relays"), func(t *testing.T) {
 				rg := newRelayRig(t, name)
 				cons := rg.open(t)
 				sub, err := cons.Subscribe(context.Background(), rg.queue, broker.SubscribeOptions{Prefetch: 64, Ordered: true})
@@ -224,7 +253,7 @@ func TestRelayKeepsPerKeyOrder(t *testing.T) {
 				require.NoError(t, err)
 				defer sub.Close()
 				for range relays {
-					rg.relay(t, outbox.RelayConfig{BatchSize: 10})
+					rg.relay(t, outbox.RelayConfig{BatchSize: 10, Mode: mode})
 				}
 
 				var (
@@ -297,7 +326,7 @@ func TestRelayKeepsPerKeyOrder(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				require.Zero(t, violations, "per-key order violations")
-				t.Logf("%s, %d relay(s): %d rows received, %d keys, 0 order violations", name, relays, received, len(last))
+				t.Logf("%s, %s, %d relay(s): %d rows received, %d keys, 0 order violations", name, mode, relays, received, len(last))
 			})
 		}
 	})

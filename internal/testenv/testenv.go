@@ -266,6 +266,20 @@ func NewDatabase(t testing.TB) string {
 			return
 		}
 		defer c.Close(ctx)
+		// A logical replication slot (the WAL relay's) keeps its
+		// database from being dropped: end its stream and drop it first.
+		if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name); err != nil {
+			t.Logf("testenv: end the replication streams of %s: %v", name, err)
+		}
+		for range 50 {
+			if _, err = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // a terminated stream lets go of its slot
+		}
+		if err != nil {
+			t.Logf("testenv: drop the replication slots of %s: %v", name, err)
+		}
 		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			t.Logf("testenv: drop database %s: %v", name, err)
 		}

@@ -60,7 +60,7 @@ func startEmbeddedPG(ctx context.Context, dataDir string, log *slog.Logger) (*em
 		Database("ferry").Username("ferry").Password("ferry").
 		RuntimePath(filepath.Join(dataDir, "postgres-runtime")).
 		DataPath(filepath.Join(dataDir, "postgres")).
-		StartParameters(map[string]string{"listen_addresses": "127.0.0.1", "max_connections": "200"}).
+		StartParameters(map[string]string{"listen_addresses": "127.0.0.1", "max_connections": "200", "wal_level": "logical"}).
 		StartTimeout(2 * time.Minute).
 		Logger(logFile)
 	db := embeddedpostgres.NewDatabase(cfg)
@@ -203,7 +203,9 @@ func startEmbeddedPGAsNobody(ctx context.Context, dataDir string, port int, log 
 			return nil, err
 		}
 	}
-	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=200", port)
+	// wal_level=logical: ferry demo --relay-mode=wal reads the outbox
+	// from the WAL (the role is the superuser, so it may replicate).
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=200 -c wal_level=logical", port)
 	// pg_ctl start is not cancelled with ctx: killed while it waits, it
 	// would leave the server it forked running with nobody to stop it.
 	if err := run(context.WithoutCancel(ctx), "pg_ctl", "start", "-w", "-t", "120", "-D", pgData, "-l", filepath.Join(pgData, "server.log"), "-o", opts); err != nil {

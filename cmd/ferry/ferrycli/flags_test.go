@@ -32,7 +32,7 @@ var (
 	metricsNames     = []string{"metrics-addr", "otlp-endpoint"}
 	alertNames       = []string{"alert-threshold", "alert-for", "alert-interval", "alert-webhook-url",
 		"alert-telegram-token", "alert-telegram-chat-id", "alert-telegram-api-url"}
-	relayNames  = []string{"batch-size", "poll-interval", "retention"}
+	relayNames  = []string{"batch-size", "poll-interval", "relay-mode", "wal-slot", "retention"}
 	workerNames = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout"}
 	smtpNames   = []string{"smtp-addr", "smtp-timeout", "smtp-data-timeout"}
 	benchBroker = []string{"rabbitmq-url", "nats-url", "kafka-brokers", "sqs-endpoint", "aws-region"}
@@ -63,19 +63,20 @@ var usedFlags = map[string][]string{
 		workerNames, smtpNames, []string{"shutdown-timeout", "data-dir"}, metricsNames, alertNames, logFlagNames),
 	"demo": names([]string{"database-url", "destination"}, brokerConnNames, brokerLimitNames, topologyNames, relayNames, workerNames, smtpNames,
 		[]string{"shutdown-timeout", "data-dir"}, logFlagNames, []string{"file", "timeout", "clients"}),
-	"dlq":          nil,
-	"dlq list":     names(brokerConnNames, []string{"exchange", "queue"}, logFlagNames, []string{"limit", "error-contains", "app-id", "format"}),
-	"dlq replay":   names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"exchange", "queue"}, logFlagNames, []string{"id", "all", "dry-run"}),
-	"dlq purge":    names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"exchange", "queue"}, logFlagNames, []string{"id", "all", "yes"}),
-	"replay":       names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"queue"}, logFlagNames, []string{"since"}),
-	"outbox":       nil,
-	"outbox stats": names([]string{"database-url"}, logFlagNames, []string{"format"}),
-	"outbox retry": names([]string{"database-url"}, logFlagNames, []string{"id"}),
-	"outbox drop":  names([]string{"database-url"}, logFlagNames, []string{"id", "yes"}),
-	"jobs":         nil,
-	"jobs get":     names([]string{"database-url"}, logFlagNames, []string{"app-id", "format"}),
-	"jobs list":    names([]string{"database-url"}, logFlagNames, []string{"state", "type", "limit", "format"}),
-	"jobs cancel":  names([]string{"database-url"}, logFlagNames, []string{"app-id", "yes"}),
+	"dlq":              nil,
+	"dlq list":         names(brokerConnNames, []string{"exchange", "queue"}, logFlagNames, []string{"limit", "error-contains", "app-id", "format"}),
+	"dlq replay":       names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"exchange", "queue"}, logFlagNames, []string{"id", "all", "dry-run"}),
+	"dlq purge":        names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"exchange", "queue"}, logFlagNames, []string{"id", "all", "yes"}),
+	"replay":           names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"queue"}, logFlagNames, []string{"since"}),
+	"outbox":           nil,
+	"outbox stats":     names([]string{"database-url"}, logFlagNames, []string{"format"}),
+	"outbox retry":     names([]string{"database-url"}, logFlagNames, []string{"id"}),
+	"outbox drop":      names([]string{"database-url"}, logFlagNames, []string{"id", "yes"}),
+	"outbox wal-reset": names([]string{"database-url", "destination", "wal-slot", "yes"}, logFlagNames),
+	"jobs":             nil,
+	"jobs get":         names([]string{"database-url"}, logFlagNames, []string{"app-id", "format"}),
+	"jobs list":        names([]string{"database-url"}, logFlagNames, []string{"state", "type", "limit", "format"}),
+	"jobs cancel":      names([]string{"database-url"}, logFlagNames, []string{"app-id", "yes"}),
 	"bench": names([]string{"brokers", "scenarios", "messages", "size", "rate", "workers", "out", "database-url",
 		"restart-broker", "peer-dir"}, benchBroker, []string{"data-dir"}, logFlagNames),
 	"bench-child": names(benchBroker, []string{"role", "database-url", "broker", "exchange", "workers"}, logFlagNames),

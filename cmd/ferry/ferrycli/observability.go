@@ -152,6 +152,9 @@ type observability struct {
 	reg             *prometheus.Registry
 	metrics         *metrics.Metrics
 	tracingShutdown func(context.Context) error
+	// walSlot is the WAL relay's slot (--relay-mode=wal), "" otherwise:
+	// the outbox gauges then include the slot's (outboxGauges).
+	walSlot, destination string
 }
 
 // newObservability creates the registry (Go, process, relay, worker and
@@ -189,7 +192,13 @@ func (o *observability) outboxStats(ctx context.Context) (int, time.Duration, er
 // outboxGauges feeds the outbox gauges, ferry_outbox_parked_rows included.
 func (o *observability) outboxGauges(ctx context.Context) (metrics.OutboxStats, error) {
 	s, err := outbox.ReadStats(ctx, o.pool)
-	return metrics.OutboxStats{Unprocessed: int(s.Unprocessed), Oldest: s.OldestUnprocessedAge, Parked: int(s.Parked)}, err
+	st := metrics.OutboxStats{Unprocessed: int(s.Unprocessed), Oldest: s.OldestUnprocessedAge, Parked: int(s.Parked)}
+	if err != nil || o.walSlot == "" {
+		return st, err
+	}
+	w, err := outbox.ReadWALStats(ctx, o.pool, o.walSlot, o.destination)
+	st.WAL, st.WALRetainedBytes, st.WALOldestUnconfirmed = true, w.RetainedBytes, w.OldestUnconfirmedAge
+	return st, err
 }
 
 // close flushes pending spans (at most 5 s).

@@ -20,12 +20,12 @@ func outboxCommand() *cli.Command {
 		Usage: "inspect the outbox, retry or drop parked rows",
 		Subcommands: []*cli.Command{{
 			Name:   "stats",
-			Usage:  "unprocessed rows, age of the oldest, rows published in the last minute and hour, parked rows; split by destination when there are several",
+			Usage:  "unprocessed rows, age of the oldest, rows published in the last minute and hour, parked rows; split by destination when there are several; the WAL relays' replication slots (retained WAL, oldest unconfirmed event)",
 			Flags:  concat(databaseFlags(false), logFlags("warn"), []cli.Flag{formatFlag()}),
 			Action: outboxStats,
 		}, {
 			Name:   "retry",
-			Usage:  "make parked rows (see outbox stats) due now: the next claim of any relay publishes them, whatever their backoff; logged with who and when",
+			Usage:  "make parked rows (see outbox stats) due now: the next claim of any relay publishes them, whatever their backoff (in --relay-mode=wal too: parked rows stay in the table for the relay's polling side); logged with who and when",
 			Flags:  concat(databaseFlags(false), logFlags("info"), []cli.Flag{parkedIDFlag()}),
 			Action: func(c *cli.Context) error { return outboxParked(c, "retry") },
 		}, {
@@ -33,6 +33,12 @@ func outboxCommand() *cli.Command {
 			Usage:  "delete parked rows for good (their events are never published); needs --yes; logged with who, when and what the row was",
 			Flags:  concat(databaseFlags(false), logFlags("info"), []cli.Flag{parkedIDFlag(), &cli.BoolFlag{Name: flagYes, Usage: "confirm the deletion"}}),
 			Action: func(c *cli.Context) error { return outboxParked(c, "drop") },
+		}, {
+			Name: "wal-reset",
+			Usage: "after a WAL relay stopped on a dropped or invalidated replication slot (outbox.ErrSlotLost): hand the events it had not confirmed (the outbox rows left) to the polling side of the relay and forget the slot, " +
+				"so that the next start of ferry relay --relay-mode=wal creates a new one; needs --yes",
+			Flags:  concat(databaseFlags(false), logFlags("info"), destinationFlags(), walSlotFlags(), []cli.Flag{&cli.BoolFlag{Name: flagYes, Usage: "confirm the reset"}}),
+			Action: outboxWALReset,
 		}},
 	}
 }
@@ -117,6 +123,9 @@ type statsJSON struct {
 	Parked                  int64        `json:"parked"`
 	ParkedRows              []parkedJSON `json:"parked_rows"`
 	Destinations            []destJSON   `json:"destinations"`
+	// WAL lists the WAL relays' slots (outbox_wal_slots), empty when no
+	// relay runs in WAL mode.
+	WAL []walJSON `json:"wal"`
 }
 
 type destJSON struct {
@@ -159,13 +168,21 @@ func outboxStats(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("ferry: outbox stats: %w", err)
 	}
+	wal, err := outbox.ListWALStats(c.Context, st.pool)
+	if err != nil {
+		return fmt.Errorf("ferry: outbox stats: %w", err)
+	}
 	w := c.App.Writer
 	if format == "json" {
 		j := statsJSON{
 			Unprocessed: stats.Unprocessed, OldestUnprocessedAgeSec: stats.OldestUnprocessedAge.Seconds(),
 			Scheduled:           stats.Scheduled,
 			ProcessedLastMinute: stats.ProcessedLastMinute, ProcessedLastHour: stats.ProcessedLastHour,
-			Parked: stats.Parked, ParkedRows: []parkedJSON{}, Destinations: []destJSON{},
+			Parked: stats.Parked, ParkedRows: []parkedJSON{}, Destinations: []destJSON{}, WAL: []walJSON{},
+		}
+		for _, x := range wal {
+			j.WAL = append(j.WAL, walJSON{Slot: x.Slot, Destination: x.Destination, Exists: x.Exists, Active: x.Active, WALStatus: x.WALStatus,
+				RetainedBytes: x.RetainedBytes, ConfirmedLSN: x.ConfirmedLSN, Unconfirmed: x.Unconfirmed, OldestUnconfirmedAgeSec: x.OldestUnconfirmedAge.Seconds()})
 		}
 		for _, d := range stats.Destinations {
 			j.Destinations = append(j.Destinations, destJSON{Destination: d.Destination, Unprocessed: d.Unprocessed, Scheduled: d.Scheduled, Parked: d.Parked})
@@ -194,6 +211,28 @@ func outboxStats(c *cli.Context) error {
 		}
 		tw.Flush()
 	}
+	if len(wal) > 0 {
+		// In WAL mode the relay deletes a row once the broker confirmed
+		// it: the unprocessed rows above are its unconfirmed events, and
+		// "processed" counts only the polling side's (scheduled, parked).
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "WAL relays (unprocessed above includes their unconfirmed events; processed counts only scheduled and parked rows):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "SLOT\tDESTINATION\tSTATE\tRETAINED WAL\tCONFIRMED LSN\tUNCONFIRMED\tOLDEST UNCONFIRMED")
+		for _, x := range wal {
+			state := "standing by (no relay streams)"
+			switch {
+			case !x.Exists:
+				state = "SLOT LOST: run ferry outbox wal-reset"
+			case x.WALStatus == "lost":
+				state = "INVALIDATED: run ferry outbox wal-reset"
+			case x.Active:
+				state = "streaming"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d bytes\t%s\t%d\t%s\n", x.Slot, x.Destination, state, x.RetainedBytes, x.ConfirmedLSN, x.Unconfirmed, x.OldestUnconfirmedAge.Round(time.Millisecond))
+		}
+		tw.Flush()
+	}
 	if len(stats.ParkedRows) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -208,4 +247,47 @@ func outboxStats(c *cli.Context) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+// outboxWALReset is `ferry outbox wal-reset`.
+func outboxWALReset(c *cli.Context) error {
+	if !c.Bool(flagYes) {
+		return usagef("outbox wal-reset forgets the WAL relay's replication slot and hands its unconfirmed events to the polling side (published again, in id order, at least once): add --%s to confirm", flagYes)
+	}
+	s, log, err := setup(c, "info")
+	if err != nil {
+		return err
+	}
+	st, err := openStack(c.Context, s, log, false)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	if err := st.checkSchema(c.Context, false); err != nil {
+		return err
+	}
+	slot := s.walSlot
+	if slot == "" {
+		slot = outbox.DefaultSlotName(s.destination)
+	}
+	n, err := outbox.ResetWALSlot(c.Context, st.pool, slot, s.destination)
+	if err != nil {
+		return fmt.Errorf("ferry: %w", err)
+	}
+	log.Info("outbox wal-reset", "slot", slot, "destination", s.destination, "handed_to_polling", n, "by", operator(), "at", time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(c.App.Writer, "slot %s forgotten; %d unconfirmed event(s) handed to the polling side; the next ferry relay --relay-mode=wal creates a new slot\n", slot, n)
+	return nil
+}
+
+// walJSON is a WAL relay's slot in `outbox stats --format json`.
+type walJSON struct {
+	Slot                    string  `json:"slot"`
+	Destination             string  `json:"destination"`
+	Exists                  bool    `json:"exists"`
+	Active                  bool    `json:"active"`
+	WALStatus               string  `json:"wal_status"`
+	RetainedBytes           int64   `json:"retained_bytes"`
+	ConfirmedLSN            string  `json:"confirmed_lsn"`
+	Unconfirmed             int64   `json:"unconfirmed"`
+	OldestUnconfirmedAgeSec float64 `json:"oldest_unconfirmed_age_seconds"`
 }

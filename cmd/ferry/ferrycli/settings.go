@@ -84,6 +84,8 @@ const (
 	flagBatchSize       = "batch-size"
 	flagPollInterval    = "poll-interval"
 	flagRetention       = "retention"
+	flagRelayMode       = "relay-mode"
+	flagWALSlot         = "wal-slot"
 	flagShutdownTimeout = "shutdown-timeout"
 	flagHandlerTimeout  = "handler-timeout"
 	flagDebugFail       = "debug-fail-after-outbox"
@@ -224,9 +226,23 @@ func smtpFlags(embedded bool) []cli.Flag {
 }
 
 func relayFlags() []cli.Flag {
-	return []cli.Flag{
+	return append(append([]cli.Flag{
 		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction, 1.." + strconv.Itoa(outbox.MaxBatchSize)},
 		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Category: catRelay, Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY, a Go duration such as 500ms or 2s"},
+		&cli.StringFlag{Name: flagRelayMode, Aliases: []string{"mode"}, Value: outbox.RelayModePoll, EnvVars: env(flagRelayMode), Category: catRelay,
+			Usage: "how the relay reads the outbox: poll (claims and marks rows) or wal (reads the inserts from PostgreSQL's WAL by logical replication; needs wal_level=logical and a role with REPLICATION, see the README, \"WAL relay\")"},
+	}, walSlotFlags()...), relayFlagsTail()...)
+}
+
+func walSlotFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagWALSlot, EnvVars: env(flagWALSlot), Category: catRelay, DefaultText: "ferry_<destination>",
+			Usage: "--relay-mode=wal: the logical replication slot and publication (lower-case letters, digits, _); relays with the same slot stand by for the one streaming"},
+	}
+}
+
+func relayFlagsTail() []cli.Flag {
+	return []cli.Flag{
 		&cli.StringFlag{Name: flagRetention, Value: "7d", EnvVars: env(flagRetention), Category: catRelay, Usage: "how long processed outbox and dedup rows are kept (Go duration or Nd days; negative: forever). At least 1h and at least the longest --retry-delay times --max-attempts (the relay alone: times 5), so that a redelivered message still finds its dedup row; 0 is an error"},
 	}
 }
@@ -370,6 +386,8 @@ type settings struct {
 	concurrency     int
 	batchSize       int
 	pollInterval    time.Duration
+	relayMode       string
+	walSlot         string
 	retention       time.Duration
 	retryWindow     time.Duration // outbox.RedeliveryWindowFor(retryDelays, max attempts; relay: worker.DefaultMaxAttempts)
 	shutdownTimeout time.Duration
@@ -401,6 +419,8 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		concurrency:     c.Int(flagConcurrency),
 		batchSize:       c.Int(flagBatchSize),
 		pollInterval:    c.Duration(flagPollInterval),
+		relayMode:       c.String(flagRelayMode),
+		walSlot:         c.String(flagWALSlot),
 		shutdownTimeout: c.Duration(flagShutdownTimeout),
 		handlerTimeout:  c.Duration(flagHandlerTimeout),
 		debugFail:       c.Bool(flagDebugFail),
@@ -431,6 +451,14 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	}
 	if qt := s.brokerOpts.RabbitMQQueueType; qt != "" && qt != rabbitmq.QueueTypeClassic && qt != rabbitmq.QueueTypeQuorum {
 		return nil, usagef("--%s %q: want %s or %s", flagRabbitQueueType, qt, rabbitmq.QueueTypeClassic, rabbitmq.QueueTypeQuorum)
+	}
+	if has(flagRelayMode) && s.relayMode != outbox.RelayModePoll && s.relayMode != outbox.RelayModeWAL {
+		return nil, usagef("--%s %q: want %s or %s", flagRelayMode, s.relayMode, outbox.RelayModePoll, outbox.RelayModeWAL)
+	}
+	if has(flagWALSlot) && s.walSlot != "" {
+		if err := outbox.ValidateSlotName(s.walSlot); err != nil {
+			return nil, usagef("--%s %q: %v", flagWALSlot, s.walSlot, err)
+		}
 	}
 	if err := outbox.ValidateDestination(s.destination); err != nil {
 		return nil, usagef("--%s %q: %v", flagDestination, s.destination, err)

@@ -212,6 +212,12 @@ func openStack(ctx context.Context, s *settings, log *slog.Logger, migrate bool)
 		pool.Close()
 		return nil, err
 	}
+	if obs != nil && s.relayMode == outbox.RelayModeWAL {
+		obs.walSlot, obs.destination = s.walSlot, s.destination
+		if obs.walSlot == "" {
+			obs.walSlot = outbox.DefaultSlotName(s.destination)
+		}
+	}
 	return &stack{s: s, log: log, pool: pool, app: a, obs: obs}, nil
 }
 
@@ -391,6 +397,8 @@ func (st *stack) runRelay(ctx context.Context) error {
 			OnBatch:          st.obs.onBatch(),
 			BatchSize:        st.s.batchSize,
 			PollInterval:     st.s.pollInterval,
+			Mode:             st.s.relayMode,
+			Slot:             st.s.walSlot,
 			Retention:        st.s.retention,
 			RedeliveryWindow: st.s.retryWindow,
 		},

@@ -1,0 +1,1043 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/ferrymq/ferry/broker"
+)
+
+// The relay modes (RelayConfig.Mode).
+const (
+	// RelayModePoll claims the outbox rows with SELECT ... FOR UPDATE SKIP
+	// LOCKED and marks them processed (relay.go): the default.
+	RelayModePoll = "poll"
+	// RelayModeWAL reads the outbox rows' inserts from PostgreSQL's WAL by
+	// logical replication (pgoutput, a publication and a slot of its own)
+	// in commit order, publishes them and deletes them once the broker
+	// confirmed them; see the package documentation, "WAL relay".
+	RelayModeWAL = "wal"
+)
+
+// DefaultStatusInterval is RelayConfig.StatusInterval's default.
+const DefaultStatusInterval = time.Second
+
+// MaxSlotNameBytes bounds RelayConfig.Slot: PostgreSQL's NAMEDATALEN-1.
+const MaxSlotNameBytes = 63
+
+var (
+	// ErrWALUnavailable is returned by Relay.Run in WAL mode when the
+	// database cannot stream its WAL to the relay; the message names the
+	// setting to change (wal_level, max_replication_slots, max_wal_senders,
+	// the role's REPLICATION attribute, a managed service's flag such as
+	// rds.logical_replication).
+	ErrWALUnavailable = errors.New("outbox: wal relay: the database cannot stream its WAL to the relay")
+	// ErrSlotLost is returned by Relay.Run in WAL mode when the relay's
+	// replication slot was dropped or invalidated after the relay began
+	// streaming from it: the WAL of the events committed meanwhile may be
+	// gone, so the relay stops rather than skip them. The message names
+	// what to do: ResetWALSlot (`ferry outbox wal-reset`) hands the events
+	// not yet confirmed (the outbox rows left, see "WAL relay" in the
+	// package documentation) to the polling relay and lets the next start
+	// create a new slot.
+	ErrSlotLost = errors.New("outbox: wal relay: replication slot lost")
+)
+
+// DefaultSlotName returns the replication slot (and publication) name of a
+// WAL relay of destination d: "ferry_" and d with every byte outside
+// [a-z0-9_] replaced by '_' (lower-cased), cut to MaxSlotNameBytes.
+func DefaultSlotName(d string) string {
+	if d == "" {
+		d = DefaultDestination
+	}
+	var b strings.Builder
+	b.WriteString("ferry_")
+	for _, c := range []byte(strings.ToLower(d)) {
+		if (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	s := b.String()
+	if len(s) > MaxSlotNameBytes {
+		s = s[:MaxSlotNameBytes]
+	}
+	return s
+}
+
+// ValidateSlotName checks a RelayConfig.Slot: 1..MaxSlotNameBytes bytes
+// of lower-case letters, digits and '_' (PostgreSQL's rule for
+// replication slot names). The error says which rule s breaks.
+func ValidateSlotName(s string) error {
+	if s == "" || len(s) > MaxSlotNameBytes {
+		return fmt.Errorf("want 1..%d bytes", MaxSlotNameBytes)
+	}
+	for _, c := range []byte(s) {
+		if !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_') {
+			return errors.New("want lower-case letters, digits and '_' only (PostgreSQL's rule for slot names)")
+		}
+	}
+	return nil
+}
+
+// walTx is one committed transaction's outbox events read from the WAL.
+type walTx struct {
+	xid    uint32        // the transaction id, to wait until it is visible (walAwaitVisible)
+	end    pglogrepl.LSN // the transaction's end: the slot may confirm up to here once its events are settled
+	commit time.Time
+	ids    []int64
+	msgs   []*broker.Message
+}
+
+// walState is the WAL relay's position, shared by the stream reader and
+// the publisher.
+type walState struct {
+	confirmed atomic.Uint64 // LSN confirmed to the server (the end of the last settled transaction)
+	mu        sync.Mutex
+	received  int64 // transactions handed to the publisher
+	settled   int64 // transactions settled
+	// oldestUnsettled is the commit time of the oldest transaction read
+	// and not yet settled (zero when none).
+	oldestUnsettled time.Time
+}
+
+// WALCheck checks that the database of pool lets a WAL relay stream from
+// it: wal_level=logical, a free replication slot and WAL sender, and a role
+// allowed to replicate. The error wraps ErrWALUnavailable and names each
+// setting to change (with the managed services' flags, e.g.
+// rds.logical_replication on Amazon RDS), or is the database's error.
+func WALCheck(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var (
+		level                 string
+		maxSlots, maxSenders  int
+		usedSlots, usedSender int
+		canReplicate          bool
+		rds, cloudsql, azure  *string
+		version               int
+		role                  string
+	)
+	err := q.QueryRow(ctx, `SELECT current_setting('wal_level'),
+  current_setting('max_replication_slots')::int, current_setting('max_wal_senders')::int,
+  (SELECT count(*) FROM pg_replication_slots)::int, (SELECT count(*) FROM pg_stat_replication)::int,
+  (SELECT r.rolreplication OR r.rolsuper FROM pg_roles r WHERE r.rolname = current_user)
+    OR EXISTS (SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(current_user, g.oid, 'MEMBER')),
+  current_setting('rds.logical_replication', true), current_setting('cloudsql.logical_decoding', true),
+  current_setting('azure.replication_support', true), current_setting('server_version_num')::int, current_user::text`).
+		Scan(&level, &maxSlots, &maxSenders, &usedSlots, &usedSender, &canReplicate, &rds, &cloudsql, &azure, &version, &role)
+	if err != nil {
+		return fmt.Errorf("outbox: wal relay: check the database's settings: %w", err)
+	}
+	var probs []string
+	if version < 150000 {
+		probs = append(probs, fmt.Sprintf("PostgreSQL %d.%d: the WAL relay needs 15 or later (publication row filters)", version/10000, version%10000/100))
+	}
+	if level != "logical" {
+		p := fmt.Sprintf("wal_level is %q: set wal_level = logical (postgresql.conf or ALTER SYSTEM) and restart the server", level)
+		switch {
+		case rds != nil:
+			p += fmt.Sprintf("; on Amazon RDS/Aurora set rds.logical_replication = 1 (now %s) in the parameter group and reboot", *rds)
+		case cloudsql != nil:
+			p += fmt.Sprintf("; on Cloud SQL set the flag cloudsql.logical_decoding = on (now %s)", *cloudsql)
+		case azure != nil:
+			p += fmt.Sprintf("; on Azure set azure.replication_support = logical (now %s) and restart", *azure)
+		}
+		probs = append(probs, p)
+	}
+	if maxSlots == 0 || usedSlots >= maxSlots {
+		probs = append(probs, fmt.Sprintf("max_replication_slots is %d with %d in use: raise it (restart needed) or drop unused slots", maxSlots, usedSlots))
+	}
+	if maxSenders == 0 || usedSender >= maxSenders {
+		probs = append(probs, fmt.Sprintf("max_wal_senders is %d with %d in use: raise it (restart needed)", maxSenders, usedSender))
+	}
+	if !canReplicate {
+		p := "the role " + role + " lacks the REPLICATION attribute: ALTER ROLE " + role + " REPLICATION (or log in as a superuser)"
+		if rds != nil {
+			p += " (on Amazon RDS: GRANT rds_replication TO " + role + ")"
+		}
+		probs = append(probs, p)
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", ErrWALUnavailable, strings.Join(probs, "; "))
+	}
+	return nil
+}
+
+// publicationSQL creates the publication of a WAL relay: the inserts into
+// the outbox (of the current schema) of its destination that are due at
+// once. A scheduled row (next_attempt_at set by Event.DueAt) is not
+// published: the polling relay publishes it when due. The row filter
+// needs PostgreSQL 15.
+func publicationSQL(pub, destination string) string {
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE outbox WHERE (destination = '%s' AND next_attempt_at IS NULL AND processed_at IS NULL) WITH (publish = 'insert')`,
+		pgx.Identifier{pub}.Sanitize(), strings.ReplaceAll(destination, "'", "''"))
+}
+
+// walDeleteSQL deletes the confirmed rows read from the WAL: the WAL
+// relay's only write per batch (no new row version, no index entry).
+const walDeleteSQL = `DELETE FROM outbox WHERE id = ANY($1::bigint[]) AND attempts = 0`
+
+// EnsureSlot creates the replication slot and the publication of a WAL
+// relay (RelayConfig.Mode "wal") when they do not exist yet, as Run does
+// at its start: the events committed after it returned are in the slot's
+// stream (those committed before were handed to the polling side). Call it
+// before switching producers over, or in tests before enqueueing. It
+// returns ErrSlotLost for a registered slot that was dropped or
+// invalidated, ErrWALUnavailable when the database cannot stream (the
+// message names the setting), the database's error otherwise, and an
+// error in poll mode.
+func (r *Relay) EnsureSlot(ctx context.Context) error {
+	if r.cfg.Mode != RelayModeWAL {
+		return fmt.Errorf("outbox: relay: EnsureSlot: Mode is %q, not %q", r.cfg.Mode, RelayModeWAL)
+	}
+	for {
+		err := r.ensureSlot(ctx)
+		if !errors.Is(err, errSlotCreating) {
+			return err
+		}
+		// Another relay is creating it: wait until it registered it.
+		if !sleep(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// ensureSlot makes sure the slot and the publication exist; on the first
+// start it creates them, registers the slot (outbox_wal_slots) and hands
+// the rows committed before the slot to the polling relay. A registered
+// slot that is missing or invalidated is ErrSlotLost.
+func (r *Relay) ensureSlot(ctx context.Context) error {
+	slot := r.cfg.Slot
+	var (
+		registered bool
+		exists     bool
+		active     bool
+		walStatus  *string
+	)
+	err := r.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1),
+  EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
+  COALESCE((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false),
+  (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&registered, &exists, &active, &walStatus)
+	if err != nil {
+		return fmt.Errorf("outbox: wal relay: look up slot %q: %w", slot, err)
+	}
+	lost := func(what string) error {
+		return fmt.Errorf("%w: slot %q %s after the relay began streaming from it, so the WAL of the events committed meanwhile may be gone; "+
+			"run `ferry outbox wal-reset --slot=%s` (outbox.ResetWALSlot): it hands the events not yet confirmed to the polling relay, and the next start creates a new slot "+
+			"(keep the slot from falling behind: max_slot_wal_keep_size, the ferry_outbox_wal_retained_bytes metric)", ErrSlotLost, slot, what, slot)
+	}
+	switch {
+	case registered && !exists:
+		return lost("was dropped")
+	case exists && walStatus != nil && *walStatus == "lost":
+		return lost("was invalidated (wal_status lost: it fell behind max_slot_wal_keep_size)")
+	case exists && registered:
+		return nil
+	case exists && active:
+		// Another relay is creating it (a slot is consistent only once
+		// its creation returned: the rows committed before that are not
+		// in its stream, and that relay hands them over when it registers
+		// the slot). Stand by.
+		return errSlotCreating
+	}
+	if err := WALCheck(ctx, r.cfg.Pool); err != nil {
+		return err
+	}
+	var otherDB *string
+	if err := r.cfg.Pool.QueryRow(ctx, `SELECT database::text FROM pg_replication_slots WHERE slot_name = $1 AND database IS DISTINCT FROM current_database()`, slot).Scan(&otherDB); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("outbox: wal relay: look up slot %q: %w", slot, err)
+	}
+	if otherDB != nil {
+		return fmt.Errorf("%w: the replication slot name %q is taken by database %q on this server (slot names are server-wide): give this relay its own (RelayConfig.Slot, --wal-slot)", ErrWALUnavailable, slot, *otherDB)
+	}
+	// The publication first: the slot decodes with the publication as it
+	// was when each change was written, so it must exist before the slot's
+	// consistent point.
+	var hasPub bool
+	if err := r.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, slot).Scan(&hasPub); err != nil {
+		return fmt.Errorf("outbox: wal relay: look up publication %q: %w", slot, err)
+	}
+	if !hasPub {
+		if _, err := r.cfg.Pool.Exec(ctx, publicationSQL(slot, r.cfg.Destination)); err != nil {
+			return fmt.Errorf("outbox: wal relay: create publication %q: %w", slot, err)
+		}
+	}
+	if !exists {
+		if _, err := r.cfg.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "42710" { // duplicate_object: another relay created it
+				return fmt.Errorf("outbox: wal relay: create replication slot %q: %w", slot, err)
+			}
+		}
+	}
+	// (A slot that exists unregistered and inactive was created by a
+	// relay that died before registering it: its creation completed, so
+	// it is consistent, and registering it now is what that relay would
+	// have done.)
+	//
+	// The rows committed before the slot are not in its stream: hand them
+	// to the polling relay (a row committed after the slot and before this
+	// statement is then published by both: a duplicate with the same
+	// message ID, which the workers' dedup absorbs).
+	tag, err := r.cfg.Pool.Exec(ctx, `WITH s AS (INSERT INTO outbox_wal_slots (slot_name, destination, publication) VALUES ($1, $2, $1) ON CONFLICT DO NOTHING RETURNING 1)
+UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_at IS NULL AND next_attempt_at IS NULL AND EXISTS (SELECT 1 FROM s)`, slot, r.cfg.Destination)
+	if err != nil {
+		return fmt.Errorf("outbox: wal relay: register slot %q: %w", slot, err)
+	}
+	r.log.Info("outbox: wal relay: created replication slot and publication", "slot", slot, "handed_to_polling", tag.RowsAffected())
+	return nil
+}
+
+// errSlotCreating: another relay is creating the slot; stand by.
+var errSlotCreating = errors.New("outbox: wal relay: another relay is creating the slot")
+
+// ResetWALSlot is the way back from ErrSlotLost: it drops the slot
+// registration (and the slot, when it still exists and no relay streams
+// from it) and hands every outbox row of destination read from the WAL
+// and not yet confirmed (next_attempt_at NULL, still in the table) to the
+// polling relay, which publishes them in id order (a key's events keep
+// their order among themselves, not across the reset). The next WAL relay
+// start creates a new slot. It returns the number of rows handed over.
+func ResetWALSlot(ctx context.Context, q interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, slot, destination string) (int64, error) {
+	if destination == "" {
+		destination = DefaultDestination
+	}
+	if slot == "" {
+		slot = DefaultSlotName(destination)
+	}
+	if _, err := q.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, slot); err != nil {
+		return 0, fmt.Errorf("outbox: wal reset: drop slot %q: %w", slot, err)
+	}
+	tag, err := q.Exec(ctx, `WITH d AS (DELETE FROM outbox_wal_slots WHERE slot_name = $1)
+UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_at IS NULL AND next_attempt_at IS NULL`, slot, destination)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: wal reset: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// walRun streams the slot until ctx is done or a fatal error (ErrSlotLost,
+// ErrWALUnavailable, a closed broker). Outages of the broker or the
+// database stop the stream and are waited out with the relay's one
+// backoff (awaitAvailable), then the stream restarts from the slot's
+// confirmed position.
+func (r *Relay) walRun(ctx context.Context) error {
+	waitingLogged := false
+	for ctx.Err() == nil {
+		probe, ok := r.awaitAvailable(ctx)
+		if !ok {
+			return nil
+		}
+		res, err := r.walStream(ctx, probe, &waitingLogged)
+		if ctx.Err() != nil {
+			r.endProbe(probe)
+			return nil
+		}
+		switch {
+		case err != nil:
+			r.endProbe(probe)
+			return err
+		case res.fatal:
+			r.endProbe(probe)
+			r.log.Error("outbox: wal relay: broker closed, stopping", "err", res.err)
+			return fmt.Errorf("outbox: relay: %w", res.err)
+		case res.outage:
+			r.setUnavailable(res, probe)
+		default:
+			r.endProbe(probe)
+			if !sleep(ctx, time.Second) { // the slot is another relay's: wait for it
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// walStream runs one replication connection: the reader (this goroutine)
+// decodes transactions and answers the server, a publisher goroutine
+// publishes and settles them. It returns a batchResult with outage or
+// fatal set, or a fatal error, or (zero, nil) when the slot is busy.
+func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) (batchResult, error) {
+	if err := r.ensureSlot(ctx); err != nil {
+		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrWALUnavailable) {
+			return batchResult{}, err
+		}
+		if errors.Is(err, errSlotCreating) {
+			return batchResult{}, nil // stand by, try again in a second
+		}
+		return batchResult{err: err, outage: true, dbFault: true}, nil
+	}
+	cc := r.cfg.Pool.Config().ConnConfig.Config.Copy()
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	cc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		return batchResult{err: fmt.Errorf("outbox: wal relay: connect: %w", err), outage: true, dbFault: true}, nil
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+	}()
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Slot + "'"}})
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			switch pe.Code {
+			case "55006": // object_in_use: another relay streams it
+				if !*waitingLogged {
+					r.log.Info("outbox: wal relay: another relay streams the slot; standing by to take over", "slot", r.cfg.Slot, "detail", pe.Message)
+					*waitingLogged = true
+				}
+				return batchResult{}, nil
+			case "42704": // undefined_object: dropped between ensureSlot and here
+				return batchResult{}, r.ensureSlot(ctx)
+			case "55000": // object_not_in_prerequisite_state: invalidated
+				return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --slot=%s` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
+			}
+		}
+		return batchResult{err: fmt.Errorf("outbox: wal relay: start replication: %w", err), outage: true, dbFault: true}, nil
+	}
+	*waitingLogged = false
+	r.log.Info("outbox: wal relay: streaming", "slot", r.cfg.Slot, "destination", r.cfg.Destination)
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	txs := make(chan *walTx, 64)
+	var (
+		pubRes  batchResult
+		pubDone = make(chan struct{})
+	)
+	st := &walState{}
+	go func() {
+		defer close(pubDone)
+		pubRes = r.walPublish(sctx, txs, st, probe)
+		cancel()
+	}()
+	rerr := r.walRead(sctx, conn, txs, st)
+	cancel()
+	<-pubDone
+	// Tell the server how far we got before the connection closes.
+	if c := st.confirmed.Load(); c != 0 {
+		uctx, ucancel := context.WithTimeout(context.Background(), time.Second)
+		_ = pglogrepl.SendStandbyStatusUpdate(uctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(c)})
+		ucancel()
+	}
+	if ctx.Err() != nil {
+		return batchResult{}, nil
+	}
+	if pubRes.outage || pubRes.fatal {
+		return pubRes, nil
+	}
+	if rerr != nil {
+		var pe *pgconn.PgError
+		if errors.As(rerr, &pe) && (pe.Code == "42704" || pe.Code == "55000") {
+			return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --slot=%s` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
+		}
+		return batchResult{err: fmt.Errorf("outbox: wal relay: stream: %w", rerr), outage: true, dbFault: true}, nil
+	}
+	return batchResult{}, nil
+}
+
+// walRead decodes the stream into transactions for the publisher and
+// sends the confirmed position every StatusInterval (and when asked). It
+// returns when ctx is done or the stream fails.
+func (r *Relay) walRead(ctx context.Context, conn *pgconn.PgConn, txs chan<- *walTx, st *walState) error {
+	var (
+		rels       = map[uint32]*pglogrepl.RelationMessage{}
+		types      = pgtype.NewMap()
+		cur        *walTx
+		serverEnd  pglogrepl.LSN
+		nextStatus = time.Now().Add(r.cfg.StatusInterval)
+	)
+	status := func() error {
+		pos := st.confirmed.Load()
+		st.mu.Lock()
+		idle := st.received == st.settled && cur == nil
+		st.mu.Unlock()
+		if idle && uint64(serverEnd) > pos {
+			r.log.Debug("outbox: wal relay: idle, confirming the server's position", "lsn", serverEnd)
+			// Nothing read is unsettled: everything up to the server's
+			// end has been decoded and held no event of ours.
+			pos = uint64(serverEnd)
+			st.confirmed.Store(pos)
+		}
+		nextStatus = time.Now().Add(r.cfg.StatusInterval)
+		if pos == 0 {
+			return nil
+		}
+		return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(pos)})
+	}
+	for {
+		if time.Now().After(nextStatus) {
+			if err := status(); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return err
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(m)
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return err
+				}
+				serverEnd = max(serverEnd, k.ServerWALEnd)
+				if k.ReplyRequested {
+					if err := status(); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return err
+				}
+				msg, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("outbox: wal relay: decode: %w", err)
+				}
+				switch lm := msg.(type) {
+				case *pglogrepl.RelationMessage:
+					rels[lm.RelationID] = lm
+				case *pglogrepl.BeginMessage:
+					cur = &walTx{commit: lm.CommitTime, xid: lm.Xid}
+				case *pglogrepl.InsertMessage:
+					if cur == nil {
+						continue
+					}
+					rel := rels[lm.RelationID]
+					if rel == nil {
+						return fmt.Errorf("outbox: wal relay: insert into unknown relation %d", lm.RelationID)
+					}
+					id, m, err := r.walMessage(rel, lm.Tuple, types)
+					if err != nil {
+						return err
+					}
+					if m != nil {
+						cur.ids = append(cur.ids, id)
+						cur.msgs = append(cur.msgs, m)
+					}
+				case *pglogrepl.CommitMessage:
+					if cur == nil {
+						continue
+					}
+					cur.end = lm.TransactionEndLSN
+					tx := cur
+					if len(tx.ids) > 0 {
+						r.log.Debug("outbox: wal relay: read a transaction", "xid", tx.xid, "events", len(tx.ids), "first_id", tx.ids[0], "end", tx.end)
+						st.mu.Lock()
+						st.received++
+						if st.oldestUnsettled.IsZero() {
+							st.oldestUnsettled = tx.commit
+						}
+						st.mu.Unlock()
+						cur = nil
+						if err := r.walHand(ctx, conn, txs, tx, status); err != nil {
+							return err
+						}
+					} else {
+						cur = nil
+					}
+					serverEnd = max(serverEnd, lm.TransactionEndLSN)
+				}
+			}
+		}
+	}
+}
+
+// walHand hands tx to the publisher, answering the server meanwhile when
+// the publisher is behind (so wal_sender_timeout does not end the stream).
+func (r *Relay) walHand(ctx context.Context, conn *pgconn.PgConn, txs chan<- *walTx, tx *walTx, status func() error) error {
+	t := time.NewTicker(r.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case txs <- tx:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := status(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// walMessage turns an outbox row's insert into the message the polling
+// relay would publish for it (same ID, headers, created-at header); nil
+// for a row this relay does not publish (another destination, scheduled).
+func (r *Relay) walMessage(rel *pglogrepl.RelationMessage, tup *pglogrepl.TupleData, types *pgtype.Map) (int64, *broker.Message, error) {
+	if rel.RelationName != "outbox" || tup == nil {
+		return 0, nil, nil
+	}
+	var (
+		id      int64
+		m       broker.Message
+		headers []byte
+		occ     time.Time
+		skip    bool
+	)
+	for i, col := range tup.Columns {
+		if i >= len(rel.Columns) {
+			break
+		}
+		rc := rel.Columns[i]
+		data := col.Data
+		isNull := col.DataType == 'n'
+		var err error
+		switch rc.Name {
+		case "id":
+			id, err = strconv.ParseInt(string(data), 10, 64)
+		case "event_type":
+			m.Type = string(data)
+		case "partition_key":
+			m.Key = string(data)
+		case "payload":
+			var b []byte
+			err = types.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, data, &b)
+			m.Body = b
+			if m.Body == nil {
+				m.Body = []byte{}
+			}
+		case "headers":
+			headers = data
+		case "occurred_at":
+			err = types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, data, &occ)
+		case "destination":
+			skip = skip || string(data) != r.cfg.Destination
+		case "next_attempt_at", "processed_at":
+			skip = skip || !isNull
+		}
+		if err != nil {
+			return 0, nil, fmt.Errorf("outbox: wal relay: decode column %s: %w", rc.Name, err)
+		}
+	}
+	if skip {
+		return 0, nil, nil
+	}
+	m.ID = strconv.FormatInt(id, 10)
+	m.Headers = map[string]string{}
+	if len(headers) > 2 {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			r.log.Warn("outbox: wal relay: ignoring unreadable headers", "id", id, "err", err)
+			m.Headers = map[string]string{}
+		}
+	}
+	m.Headers[broker.HeaderCreatedAt] = broker.FormatTime(occ)
+	return id, &m, nil
+}
+
+// walPublish publishes the transactions in commit order, in batches of up
+// to BatchSize events (a larger transaction in several). Each published
+// batch goes to a settler goroutine, which settles it in one database
+// transaction (delete the confirmed rows, park the refused ones: the
+// shared path of publish.go) and then moves the confirmed position past
+// the transactions wholly settled, while the next batch is published: one
+// batch in flight at the broker (so a key's events keep their order), one
+// being settled. It returns on an outage (the stream stops; what was not
+// settled is read again from the slot) or when ctx is done.
+func (r *Relay) walPublish(ctx context.Context, txs <-chan *walTx, st *walState, probe bool) (res batchResult) {
+	settle := make(chan walSettle, 1)
+	var (
+		settleRes  batchResult
+		settleDone = make(chan struct{})
+	)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		defer close(settleDone)
+		for w := range settle {
+			if settleRes.outage || settleRes.fatal {
+				continue // the stream stops: the rest is read again
+			}
+			if sr := r.walSettle(ctx, w, st); sr.outage {
+				settleRes = sr
+				cancel() // stop publishing: the stream restarts from the confirmed position
+			}
+		}
+	}()
+	defer func() {
+		close(settle)
+		<-settleDone
+		if settleRes.outage && ctx.Err() == nil {
+			res = settleRes
+		}
+	}()
+
+	var pending []*walTx
+	var probeTimer <-chan time.Time
+	if probe {
+		// A stream with nothing to publish tells nothing about the
+		// broker: give the probe back after a poll interval, so that the
+		// claim loops try again meanwhile.
+		t := time.NewTimer(r.cfg.PollInterval)
+		defer t.Stop()
+		probeTimer = t.C
+	}
+	for {
+		for len(pending) == 0 {
+			select {
+			case <-sctx.Done():
+				return batchResult{}
+			case tx := <-txs:
+				pending = append(pending, tx)
+			case <-probeTimer:
+				r.endProbe(probe)
+				probe, probeTimer = false, nil
+			}
+		}
+		n := 0
+		for _, tx := range pending {
+			n += len(tx.ids)
+		}
+	gather:
+		for n < r.cfg.BatchSize {
+			select {
+			case tx := <-txs:
+				pending = append(pending, tx)
+				n += len(tx.ids)
+			default:
+				break gather
+			}
+		}
+		// Take whole transactions up to BatchSize events (at least one).
+		take := 0
+		var ids []int64
+		var msgs []*broker.Message
+		for take < len(pending) && (take == 0 || len(ids)+len(pending[take].ids) <= r.cfg.BatchSize) {
+			ids = append(ids, pending[take].ids...)
+			msgs = append(msgs, pending[take].msgs...)
+			take++
+		}
+		xids := make([]int64, take)
+		for i := range take {
+			xids[i] = int64(pending[i].xid)
+		}
+		if err := r.walAwaitVisible(sctx, xids); err != nil {
+			if sctx.Err() != nil {
+				return batchResult{}
+			}
+			return batchResult{err: err, outage: true, dbFault: true}
+		}
+		for off := 0; off < len(ids); off += r.cfg.BatchSize {
+			end := min(off+r.cfg.BatchSize, len(ids))
+			r.log.Debug("outbox: wal relay: publishing", "events", end-off, "first_id", ids[off])
+			w, res := r.walPublishBatch(sctx, ids[off:end], msgs[off:end])
+			if sctx.Err() != nil {
+				return batchResult{}
+			}
+			if res.fatal || (res.outage && w == nil) {
+				return res
+			}
+			if end == len(ids) {
+				// The last part: once settled, the transactions taken
+				// are done.
+				w.txs, w.end = int64(take), pending[take-1].end
+				if take < len(pending) {
+					w.oldest = pending[take].commit
+				}
+			}
+			select {
+			case settle <- *w:
+			case <-sctx.Done():
+				return batchResult{}
+			}
+			if res.outage {
+				return res // the settler records what was confirmed; the stream stops
+			}
+			probe, probeTimer = false, nil
+			r.setAvailable()
+		}
+		pending = append(pending[:0], pending[take:]...)
+	}
+}
+
+// walVisibleSQL reports whether the transactions $1 (32-bit xids, which
+// committed) are all visible in a snapshot taken now: each precedes the
+// snapshot's xmax (modulo 2^32; a transaction at or past xmax counts as
+// running, and xmax moves past a committing transaction only when it
+// leaves the running list) and none is in its list of running ones.
+const walVisibleSQL = `WITH s AS (SELECT pg_current_snapshot() AS s),
+m AS (SELECT pg_snapshot_xmax(s.s)::text::bigint % 4294967296 AS xmax FROM s)
+SELECT NOT EXISTS (SELECT 1 FROM unnest($1::bigint[]) x, m WHERE (x - m.xmax + 4294967296) % 4294967296 < 2147483648)
+   AND NOT EXISTS (SELECT 1 FROM s, pg_snapshot_xip(s.s) y WHERE (y::text::bigint % 4294967296) = ANY($1::bigint[]))`
+
+// walAwaitVisible waits until the transactions xids, whose commit records
+// the stream delivered, are visible to new snapshots. PostgreSQL writes
+// and flushes a commit record before the committing backend leaves the
+// list of running transactions, so a WAL sender can deliver a transaction
+// a moment before its writes are visible to others: a worker handling the
+// event at once could then miss the producer's rows (seen in
+// BenchmarkEndToEnd: 21 of 10,000 handlers found their notification row
+// not yet visible). The poll relay cannot see a row before its
+// transaction is visible; this gives the WAL relay the same guarantee, at
+// one query per batch (more only in that window, 1 ms apart).
+func (r *Relay) walAwaitVisible(ctx context.Context, xids []int64) error {
+	for {
+		var visible bool
+		if err := r.cfg.Pool.QueryRow(ctx, walVisibleSQL, xids).Scan(&visible); err != nil {
+			return fmt.Errorf("outbox: wal relay: wait for the transactions to be visible: %w", err)
+		}
+		if visible {
+			return nil
+		}
+		t := time.NewTimer(time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// walSettle is a published batch for the settler.
+type walSettle struct {
+	start time.Time
+	ids   []int64
+	p     published
+	st    settlement
+	txs   int64         // transactions wholly settled with this batch (0: a part of one)
+	end   pglogrepl.LSN // the last of them's end
+	// oldest is the commit time of the first transaction not settled
+	// after this batch (zero: none read yet).
+	oldest time.Time
+}
+
+// walPublishBatch publishes one batch and classifies the broker's answer
+// (the shared path of publish.go). It returns the batch to settle, nil
+// with res.outage when nothing of it is to be settled (the test hook
+// failed, as if the relay had crashed), or res.fatal.
+func (r *Relay) walPublishBatch(ctx context.Context, ids []int64, msgs []*broker.Message) (*walSettle, batchResult) {
+	start := time.Now()
+	p := r.publish(ctx, msgs)
+	if p.fatal {
+		res := batchResult{claimed: len(msgs), publishDur: p.publishDur, err: p.perr, fatal: true}
+		r.observe(ctx, start, res)
+		return nil, res
+	}
+	if r.cfg.AfterPublish != nil {
+		if err := r.cfg.AfterPublish(ctx, ids); err != nil {
+			res := batchResult{claimed: len(msgs), publishDur: p.publishDur, err: fmt.Errorf("outbox: relay: after publish: %w", err), outage: true}
+			r.observe(ctx, start, res)
+			return nil, res
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, batchResult{} // not settled: read again from the slot by the next stream
+	}
+	st := r.classify(ids, make([]int, len(ids)), p.perr, false)
+	res := batchResult{outage: len(st.downIDs) > 0, fatal: p.closed, err: p.perr}
+	if res.outage {
+		r.log.Warn("outbox: wal relay: broker unavailable, stopping the stream (the slot keeps the WAL)", "broker", r.brokerName, "err", st.downErr)
+	}
+	return &walSettle{start: start, ids: ids, p: p, st: st}, res
+}
+
+// walSettle settles a published batch in one database transaction: the
+// confirmed rows deleted (the WAL relay's only write per event), the
+// refused ones parked, the outage's reason recorded; then, when the batch
+// completes transactions, the confirmed position moves past them. It
+// returns res.outage when the database failed.
+func (r *Relay) walSettle(ctx context.Context, w walSettle, st *walState) batchResult {
+	res := batchResult{claimed: len(w.ids), publishDur: w.p.publishDur}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	if len(w.st.okIDs) > 0 {
+		b.Queue(walDeleteSQL, w.st.okIDs)
+	}
+	r.queueSettlement(b, w.st)
+	b.Queue("COMMIT")
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	br := r.cfg.Pool.SendBatch(mctx, b)
+	var deleted int64 = -1
+	_, err := br.Exec() // BEGIN
+	if err == nil && len(w.st.okIDs) > 0 {
+		var tag pgconn.CommandTag
+		tag, err = br.Exec()
+		deleted = tag.RowsAffected()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		res.err, res.outage, res.dbFault = fmt.Errorf("outbox: wal relay: settle: %w", err), true, true
+		r.observe(ctx, w.start, res)
+		return res
+	}
+	if deleted >= 0 && deleted < int64(len(w.st.okIDs)) {
+		// Rows deleted meanwhile (ferry outbox drop, a reset): nothing
+		// to do; logged for the record.
+		r.log.Warn("outbox: wal relay: some confirmed rows were already gone", "deleted", deleted, "confirmed", len(w.st.okIDs))
+	}
+	res.markDur = time.Since(w.p.confirmedAt)
+	r.settled(&res, w.p, w.st)
+	r.observe(ctx, w.start, res)
+	if w.txs > 0 && !res.outage {
+		st.confirmed.Store(uint64(w.end))
+		st.mu.Lock()
+		st.settled += w.txs
+		st.oldestUnsettled = w.oldest
+		st.mu.Unlock()
+	}
+	return batchResult{}
+}
+
+// WALStats is a snapshot of a WAL relay's slot, for `ferry outbox stats`
+// and the metrics.
+type WALStats struct {
+	// Slot is the replication slot's name; Exists is false when it was
+	// not created yet (or was dropped).
+	Slot   string
+	Exists bool
+	// Active reports whether a relay streams from it now (a WAL sender
+	// holds it; not while it is being created); ActivePID is the server
+	// process holding it (0 when none).
+	Active    bool
+	ActivePID int
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
+	// unreserved or lost (lost: invalidated, see ErrSlotLost).
+	WALStatus string
+	// RetainedBytes is the WAL the slot keeps on the server (bytes from
+	// its restart_lsn to the current WAL position): it grows while the
+	// relay is down or behind.
+	RetainedBytes int64
+	// ConfirmedLSN is the slot's confirmed position, as text.
+	ConfirmedLSN string
+	// OldestUnconfirmedAge is the age of the oldest event of this
+	// destination read from the WAL (or to be read) and not yet confirmed:
+	// the oldest outbox row left with next_attempt_at NULL (the WAL relay
+	// deletes a row once confirmed); 0 when none.
+	OldestUnconfirmedAge time.Duration
+	// Unconfirmed is the number of those rows.
+	Unconfirmed int64
+}
+
+// ReadWALStats reads the WAL relay's slot and backlog. slot "" means
+// DefaultSlotName(destination).
+func ReadWALStats(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, slot, destination string) (WALStats, error) {
+	if destination == "" {
+		destination = DefaultDestination
+	}
+	if slot == "" {
+		slot = DefaultSlotName(destination)
+	}
+	s := WALStats{Slot: slot}
+	var (
+		pid    *int32
+		status *string
+		ret    *int64
+		lsn    *string
+		age    *float64
+	)
+	err := q.QueryRow(ctx, `SELECT s.slot_name IS NOT NULL,
+  COALESCE(s.active, false) AND EXISTS (SELECT 1 FROM pg_stat_replication w WHERE w.pid = s.active_pid), s.active_pid, s.wal_status,
+  pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint, s.confirmed_flush_lsn::text,
+  (SELECT extract(epoch FROM now() - min(o.occurred_at)) FROM outbox o WHERE o.destination = $2 AND o.processed_at IS NULL AND o.next_attempt_at IS NULL),
+  (SELECT count(*) FROM outbox o WHERE o.destination = $2 AND o.processed_at IS NULL AND o.next_attempt_at IS NULL)
+FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot, destination).
+		Scan(&s.Exists, &s.Active, &pid, &status, &ret, &lsn, &age, &s.Unconfirmed)
+	if err != nil {
+		return s, fmt.Errorf("outbox: wal stats: %w", err)
+	}
+	if pid != nil {
+		s.ActivePID = int(*pid)
+	}
+	if status != nil {
+		s.WALStatus = *status
+	}
+	if ret != nil {
+		s.RetainedBytes = *ret
+	}
+	if lsn != nil {
+		s.ConfirmedLSN = *lsn
+	}
+	if age != nil && *age > 0 {
+		s.OldestUnconfirmedAge = time.Duration(*age * float64(time.Second))
+	}
+	return s, nil
+}
+
+// WALSlotStats is a WALStats with the destination its slot was created
+// for (outbox_wal_slots), for ListWALStats.
+type WALSlotStats struct {
+	WALStats
+	// Destination is the outbox destination the slot's relay publishes.
+	Destination string
+}
+
+// ListWALStats returns the stats of every slot a WAL relay created on
+// this database (outbox_wal_slots), in slot name order; none when no relay
+// ran in WAL mode, or before migration 9.
+func ListWALStats(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) ([]WALSlotStats, error) {
+	var has bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('outbox_wal_slots') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, `SELECT slot_name, destination FROM outbox_wal_slots ORDER BY slot_name`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: wal stats: %w", err)
+	}
+	type sd struct{ slot, dest string }
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sd, error) {
+		var x sd
+		return x, r.Scan(&x.slot, &x.dest)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: wal stats: %w", err)
+	}
+	var out []WALSlotStats
+	for _, x := range list {
+		s, err := ReadWALStats(ctx, q, x.slot, x.dest)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, WALSlotStats{WALStats: s, Destination: x.dest})
+	}
+	return out, nil
+}

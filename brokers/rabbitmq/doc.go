@@ -23,7 +23,9 @@
 // broker.ErrUnroutable for its batch index. A batch is pipelined: every
 // message is written, then every confirm awaited. Each message gets its
 // own outcome: an acked message is confirmed (never sent again), a
-// basic.nack is broker.ErrNacked, and a message whose confirm did not come
+// basic.nack is ErrServerNack (an outage of the queue, not a fault of the
+// message: a quorum queue electing a new leader nacks what was in flight),
+// and a message whose confirm did not come
 // fails with the reason the channel or connection closed.
 //
 // A channel closed by the server because of a message published on it is

@@ -296,7 +296,7 @@ confirms:
 				}
 				healthy = false
 			} else {
-				errs[i] = fmt.Errorf("rabbitmq: publish: %w", broker.ErrNacked)
+				errs[i] = fmt.Errorf("rabbitmq: publish: %w", ErrServerNack)
 			}
 		}
 	}
@@ -592,3 +592,18 @@ func retryCount(h map[string]string) int {
 	}
 	return n
 }
+
+// ErrServerNack is the error of a message the server answered with
+// basic.nack in confirm mode. RabbitMQ sends a nack only when the queue
+// could not take the message for a reason of its own, never for the
+// message: "basic.nack will only be delivered if an internal error occurs
+// in the Erlang process responsible for a queue"
+// (https://www.rabbitmq.com/docs/confirms#server-sent-nacks), e.g. a
+// quorum queue whose leader died and whose replicas are electing another,
+// or a queue at its length limit with x-overflow reject-publish
+// (https://www.rabbitmq.com/docs/maxlength). Publishing the same message
+// again later succeeds, so it is an outage in broker.Broker.Publish's
+// terms: it does not wrap broker.ErrNacked, and the relay pauses and tries
+// again without charging the message an attempt (on a cluster, a queue
+// leader's death nacks the messages in flight to it).
+var ErrServerNack = errors.New("rabbitmq: basic.nack from the server: the queue could not take the message now (a quorum queue electing a leader, a queue at its length limit); publish it again later")

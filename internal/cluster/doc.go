@@ -20,6 +20,6 @@
 // thing: the paused node keeps its sockets open and answers nothing, as a
 // node behind a partition does, and the others elect a new leader.
 //
-// FERRY_CLUSTER_PHASE (a Go duration, default 4s) is how long the load runs
+// FERRY_CLUSTER_PHASE (a Go duration, default 2s) is how long the load runs
 // before and after each fault; `make test-cluster` runs longer phases.
 package cluster

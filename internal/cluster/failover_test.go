@@ -24,6 +24,9 @@ func TestFailoverNATS(t *testing.T) {
 	url := env["FERRY_NATS_CLUSTER_URL"]
 	failover(t, system{
 		role: "nats-cluster",
+		// A JetStream stream leader silent for a few seconds is replaced
+		// (Raft election timeout, 4-9 s in nats-server).
+		detect: 10 * time.Second,
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return nats.New(ctx, nats.Config{URL: url, Logger: log})
 		},
@@ -38,6 +41,8 @@ func TestFailoverRabbitMQ(t *testing.T) {
 	url := env["FERRY_RABBITMQ_CLUSTER_URL"]
 	failover(t, system{
 		role: "rabbitmq-cluster",
+		// net_ticktime = 10 (cluster.sh): a node is down after 10-14 s.
+		detect: 16 * time.Second,
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return rabbitmq.New(ctx, rabbitmq.Config{URL: url, Logger: log})
 		},
@@ -52,6 +57,8 @@ func TestFailoverKafka(t *testing.T) {
 	brokers := strings.Split(env["FERRY_KAFKA_CLUSTER_BROKERS"], ",")
 	failover(t, system{
 		role: "kafka-cluster",
+		// broker.session.timeout.ms=6000 (cluster.sh).
+		detect: 10 * time.Second,
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return kafka.New(ctx, kafka.Config{Brokers: brokers, Logger: log})
 		},

@@ -40,14 +40,15 @@ import (
 const rate = 200
 
 // phase is how long the load runs before a fault and after it (the
-// drain comes after): FERRY_CLUSTER_PHASE, default 4s.
+// drain comes after), and how long a killed node stays down:
+// FERRY_CLUSTER_PHASE, default 2s (make test); make test-cluster runs 15s.
 func phase(t *testing.T) time.Duration {
 	if v := os.Getenv("FERRY_CLUSTER_PHASE"); v != "" {
 		d, err := time.ParseDuration(v)
 		require.NoError(t, err, "FERRY_CLUSTER_PHASE")
 		return d
 	}
-	return 4 * time.Second
+	return 2 * time.Second
 }
 
 // services runs compose/local/services.sh with args and returns its
@@ -95,6 +96,9 @@ type system struct {
 	role string // the services.sh role
 	// open connects a new adapter to the cluster.
 	open func(ctx context.Context, log *slog.Logger) (broker.Broker, error)
+	// detect is longer than the cluster's failure detection: how long
+	// pause-leader keeps the leader stopped.
+	detect time.Duration
 	// leader returns the node (1..3) that leads the work queue, the
 	// partition or the stream of the rig's topology.
 	leader func(t *testing.T, rg *rig) int
@@ -448,9 +452,9 @@ var faults = []struct {
 	}},
 	{"pause-leader", func(t *testing.T, sys system, rg *rig) {
 		n := sys.leader(t, rg)
-		t.Logf("SIGSTOP node %d (the leader) for 15s, beyond failure detection, then SIGCONT", n)
+		t.Logf("SIGSTOP node %d (the leader) for %v, beyond failure detection, then SIGCONT", n, sys.detect)
 		node(t, sys.role, n, "pause")
-		time.Sleep(15 * time.Second)
+		time.Sleep(sys.detect)
 		node(t, sys.role, n, "resume")
 	}},
 	{"rolling-restart", func(t *testing.T, sys system, rg *rig) {

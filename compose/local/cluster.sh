@@ -458,6 +458,12 @@ node_log() { # ROLE N
 start_role() {
 	local role=$1 n
 	mkdir -p "$CL/$role"
+	if [ "$role" = postgres-ha ]; then
+		pgha_vars
+		if as_pg test -f "$(pgha_dir 2)/data/PG_VERSION" && ! as_pg test -f "$(pgha_dir 2)/data/standby.signal"; then
+			die "postgres-ha: the standby (node 2) was promoted; node 1's data has diverged from it. Run '$HERE/services.sh reset postgres-ha' to build the pair again"
+		fi
+	fi
 	"ports_$(fn "$role")"
 	for n in $(nodes_of "$role"); do "start_node_$(fn "$role")" "$n"; done
 	"ready_$(fn "$role")"

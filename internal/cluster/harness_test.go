@@ -162,7 +162,7 @@ func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log
 	rg := &rig{t: t, pool: pool, queue: ex + "-work", logs: &lockedBuffer{},
 		topo: broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: ex + "-work", Bindings: []string{"ev.#"}}}}}
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || os.Getenv("FERRY_CLUSTER_LOGS") != "" {
 			t.Logf("logs:\n%s", rg.logs.String())
 		}
 	})
@@ -264,21 +264,23 @@ type result struct {
 	Reordered                                            int
 	Absorbed, Redelivered                                int64
 	Recovery                                             time.Duration // fault to the first event enqueued after it handled
+	Stall                                                time.Duration // the longest time without a handled event, from the fault on
 }
 
 // run drives the load for a phase, calls fault (which returns when the
-// fault is over: the node restarted, resumed or promoted), drives it
-// another phase, then waits until every outbox row is handled and checks
-// the counts.
-func (rg *rig) run(fault func()) result {
+// fault is over: the node restarted, resumed or promoted, and which calls
+// mark at the moment it strikes), drives it another phase, then waits
+// until every outbox row is handled and checks the counts.
+func (rg *rig) run(fault func(mark func())) result {
 	t := rg.t
 	ctx, stop := context.WithCancel(context.Background())
 	loaded := make(chan struct{})
 	go func() { defer close(loaded); rg.load(ctx) }()
 	time.Sleep(phase(t))
-	faultAt := time.Now()
-	seqAtFault := rg.seq.Load()
-	fault()
+	var faultAt time.Time
+	var seqAtFault int64
+	fault(func() { faultAt, seqAtFault = time.Now(), rg.seq.Load() })
+	require.False(t, faultAt.IsZero(), "the fault did not call mark")
 	time.Sleep(phase(t))
 	stop()
 	<-loaded
@@ -318,9 +320,14 @@ func (rg *rig) run(fault func()) result {
 	if first != nil {
 		res.Recovery = first.Sub(faultAt)
 	}
+	var stall *time.Duration
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT max(gap) FROM (SELECT at - lag(at) OVER (ORDER BY at) AS gap FROM effects WHERE at >= $1) g`, faultAt).Scan(&stall))
+	if stall != nil {
+		res.Stall = *stall
+	}
 	res.Absorbed, res.Redelivered = rg.duplicates.Load(), rg.redelivered.Load()
-	t.Logf("RESULT %s: committed=%d uncertain=%d lost=%d (outbox rows without effect %d) duplicate_effects=%d charged_or_unprocessed=%d worker_attempts=%d redeliveries_absorbed=%d redelivered=%d reordered=%d recovery=%v",
-		t.Name(), res.Committed, uncertain, res.Lost, outboxLost, res.Duplicates, res.Charged, res.WorkerAttempts, res.Absorbed, res.Redelivered, res.Reordered, res.Recovery.Round(time.Millisecond))
+	t.Logf("RESULT %s: committed=%d uncertain=%d lost=%d (outbox rows without effect %d) duplicate_effects=%d charged_or_unprocessed=%d worker_attempts=%d redeliveries_absorbed=%d redelivered=%d reordered=%d recovery=%v stall=%v",
+		t.Name(), res.Committed, uncertain, res.Lost, outboxLost, res.Duplicates, res.Charged, res.WorkerAttempts, res.Absorbed, res.Redelivered, res.Reordered, res.Recovery.Round(time.Millisecond), res.Stall.Round(time.Millisecond))
 	require.Positive(t, res.Committed, "no event committed")
 	require.Zero(t, res.Lost, "committed events without an effect")
 	require.Zero(t, outboxLost, "outbox rows without an effect")
@@ -429,16 +436,17 @@ func rabbitLeader(mgmt []string) func(t *testing.T, rg *rig) int {
 // faults are the fault kinds every clustered broker is tested with.
 var faults = []struct {
 	name string
-	run  func(t *testing.T, sys system, rg *rig)
+	run  func(t *testing.T, sys system, rg *rig, mark func())
 }{
-	{"kill-leader", func(t *testing.T, sys system, rg *rig) {
+	{"kill-leader", func(t *testing.T, sys system, rg *rig, mark func()) {
 		n := sys.leader(t, rg)
 		t.Logf("kill -9 node %d (the leader)", n)
 		node(t, sys.role, n, "kill")
+		mark() // the node is gone: what is enqueued from now on needs the failover
 		time.Sleep(phase(t))
 		node(t, sys.role, n, "start")
 	}},
-	{"kill-follower", func(t *testing.T, sys system, rg *rig) {
+	{"kill-follower", func(t *testing.T, sys system, rg *rig, mark func()) {
 		// Node 1, where RabbitMQ's connections open (the first URL), unless
 		// it leads: then node 2.
 		n := 1
@@ -447,17 +455,20 @@ var faults = []struct {
 		}
 		t.Logf("kill -9 node %d (not the leader)", n)
 		node(t, sys.role, n, "kill")
+		mark() // the node is gone: what is enqueued from now on needs the failover
 		time.Sleep(phase(t))
 		node(t, sys.role, n, "start")
 	}},
-	{"pause-leader", func(t *testing.T, sys system, rg *rig) {
+	{"pause-leader", func(t *testing.T, sys system, rg *rig, mark func()) {
 		n := sys.leader(t, rg)
 		t.Logf("SIGSTOP node %d (the leader) for %v, beyond failure detection, then SIGCONT", n, sys.detect)
 		node(t, sys.role, n, "pause")
+		mark() // the node is gone: what is enqueued from now on needs the failover
 		time.Sleep(sys.detect)
 		node(t, sys.role, n, "resume")
 	}},
-	{"rolling-restart", func(t *testing.T, sys system, rg *rig) {
+	{"rolling-restart", func(t *testing.T, sys system, rg *rig, mark func()) {
+		mark()
 		for n := 1; n <= 3; n++ {
 			t.Logf("restart node %d", n)
 			node(t, sys.role, n, "stop")
@@ -472,7 +483,7 @@ func failover(t *testing.T, sys system) {
 		t.Run(f.name, func(t *testing.T) {
 			pool, _ := testenv.NewPool(t)
 			rg := newRig(t, pool, sys.open, true)
-			rg.run(func() { f.run(t, sys, rg) })
+			rg.run(func(mark func()) { f.run(t, sys, rg, mark) })
 		})
 	}
 }

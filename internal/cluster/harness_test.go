@@ -121,6 +121,7 @@ type rig struct {
 	duplicates  atomic.Int64 // deliveries the dedup absorbed
 	redelivered atomic.Int64 // deliveries with Attempt > 1
 	handled     atomic.Int64
+	dead        atomic.Int64 // deliveries dead-lettered
 }
 
 // lockedBuffer collects the logs of the adapters, relay and worker; they
@@ -199,6 +200,8 @@ func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log
 				rg.duplicates.Add(1)
 			case worker.OutcomeAck:
 				rg.handled.Add(1)
+			case worker.OutcomeDead:
+				rg.dead.Add(1)
 			}
 		},
 	})
@@ -329,6 +332,7 @@ func (rg *rig) run(fault func(mark func())) result {
 	t.Logf("RESULT %s: committed=%d uncertain=%d lost=%d (outbox rows without effect %d) duplicate_effects=%d charged_or_unprocessed=%d worker_attempts=%d redeliveries_absorbed=%d redelivered=%d reordered=%d recovery=%v stall=%v",
 		t.Name(), res.Committed, uncertain, res.Lost, outboxLost, res.Duplicates, res.Charged, res.WorkerAttempts, res.Absorbed, res.Redelivered, res.Reordered, res.Recovery.Round(time.Millisecond), res.Stall.Round(time.Millisecond))
 	require.Positive(t, res.Committed, "no event committed")
+	require.Zero(t, rg.dead.Load(), "messages dead-lettered (a body the handler could not read arrived)")
 	require.Zero(t, res.Lost, "committed events without an effect")
 	require.Zero(t, outboxLost, "outbox rows without an effect")
 	require.Zero(t, res.Duplicates, "duplicate effects")

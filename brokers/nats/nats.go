@@ -156,6 +156,7 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 			if err != nil {
 				b.log.Warn("nats: disconnected", "err", err)
 			}
+			b.acks.failAll(errAckLost)
 		}),
 		natsgo.ReconnectHandler(func(c *natsgo.Conn) {
 			b.log.Info("nats: reconnected", "url", c.ConnectedUrlRedacted())

@@ -516,7 +516,14 @@ cluster_main() {
 			# The node's ports stay those `env` printed.
 			[ -z "$pid" ] || { kill -CONT "$pid"; return 0; }
 			"start_node_$(fn "$role")" "$n"
-			if [ "$role" = postgres-ha ]; then wait_for "$role" "$n" pgha_ready "$n"; else "ready_$(fn "$role")"; fi
+			# Ready when this node serves (the cluster's other nodes are
+			# not waited for: they may be down on purpose).
+			case $role in
+			postgres-ha) wait_for "$role" "$n" pgha_ready "$n" ;;
+			nats-cluster) wait_for "$role" "$n" nats_cl_ready "$n" ;;
+			kafka-cluster) wait_for "$role" "$n" kafka_cl_ready "$n" ;;
+			rabbitmq-cluster) wait_for "$role" "$n" rmq_cl_ready "$n" ;;
+			esac
 			;;
 		*) die "node: want kill, pause, resume, stop, start or pid" ;;
 		esac

@@ -216,11 +216,11 @@ func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log
 	return rg
 }
 
-// load enqueues rate events a second (a transaction of 10 every 50ms),
-// keys k0..k15, until ctx is done; a failed transaction is counted as
-// uncertain when its COMMIT failed, and the load goes on.
+// load enqueues rate events a second (a transaction of 10 every
+// 10s/rate: 50ms), keys k0..k15, until ctx is done; a failed transaction
+// is counted as uncertain when its COMMIT failed, and the load goes on.
 func (rg *rig) load(ctx context.Context) {
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(10 * time.Second / rate)
 	defer tick.Stop()
 	for {
 		select {

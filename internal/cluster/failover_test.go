@@ -40,6 +40,10 @@ func TestFailoverNATS(t *testing.T) {
 // TestFailoverRabbitMQ: three RabbitMQ nodes, quorum queues with 3
 // replicas (the adapter's default with several URLs).
 func TestFailoverRabbitMQ(t *testing.T) {
+	// A cluster of its own from scratch: RabbitMQ nodes restarted from data
+	// that a failed run left behind may wait for each other's Mnesia
+	// tables (the last node stopped must start first).
+	services(t, "reset", "rabbitmq-cluster")
 	env := up(t, "rabbitmq-cluster")
 	url := env["FERRY_RABBITMQ_CLUSTER_URL"]
 	failover(t, system{

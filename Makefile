@@ -4,6 +4,8 @@
 #                   tests at them and run every package's tests, one at a time
 #   make test-long  the tests too slow for CI: SQS FIFO's 5-minute
 #                   deduplication window, waited out on ElasticMQ and moto
+#   make test-cluster  the failover tests (internal/cluster) with long
+#                   phases: 15 s of load around each fault on each cluster
 #   make bench      print the throughput and latency figures (bench/README.md)
 #   make compare    ferry and Watermill's outbox side by side (bench/compare.sh)
 #   make services   start the servers and print their addresses
@@ -21,7 +23,7 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 45m
 PKGS     ?= ./...
 DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
-.PHONY: test test-long tidy-check bench compare services services-down services-status demo build vet
+.PHONY: test test-long test-cluster tidy-check bench compare services services-down services-status demo build vet
 
 test: tidy-check
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
@@ -31,6 +33,13 @@ test: tidy-check
 test-long:
 	$(SERVICES) up postgres sqs moto && eval "$$($(SERVICES) env postgres sqs moto)" && \
 		FERRY_SQS_DEDUP_WINDOW_TEST=1 $(GO) test -count=1 -timeout 15m -run 'TestFIFODedup' -v ./brokers/sqs/
+
+# The failover tests of internal/cluster with 15 s phases (about 25
+# minutes). `make test` runs them too, with 2 s phases; each test starts its
+# cluster (services.sh up rabbitmq-cluster, ...) and stops it at its end.
+test-cluster:
+	$(SERVICES) up postgres rabbitmq && eval "$$($(SERVICES) env postgres rabbitmq)" && \
+		FERRY_CLUSTER_PHASE=15s $(GO) test -count=1 -timeout 60m -v -run 'TestFailover' ./internal/cluster/ | grep -E '^(=== RUN|---|PASS|FAIL|ok)|RESULT|kill|SIGSTOP|restart node|cluster up'; test $${PIPESTATUS[0]} = 0
 
 # go.mod must be tidy: direct dependencies not marked indirect, nothing missing.
 # So must the Watermill peer's (bench/watermill, a module of its own), which

@@ -29,6 +29,11 @@ const composeFile = "compose.yaml"
 // brokerProfiles are the profiles that each run one broker and ferry on it.
 var brokerProfiles = []string{"rabbitmq", "kafka", "nats", "sqs"}
 
+// clusterProfiles are the profiles that each run a 3-node cluster of one
+// broker (no ferry roles: ferry runs on the host, README "Running on a
+// cluster"), with the node services' prefix.
+var clusterProfiles = map[string]string{"rabbitmq-cluster": "rabbitmq", "nats-cluster": "nats", "kafka-cluster": "kafka"}
+
 // brokerSpec is, per broker profile, the service that runs the broker, the
 // variable that gives ferry its address, and the container port ferry must
 // use on it.
@@ -380,7 +385,11 @@ func TestProfiles(t *testing.T) {
 			}
 		}
 	}
-	require.ElementsMatch(t, append(slices.Clone(brokerProfiles), "observability"), profiles, "the profiles of compose.yaml")
+	want := append(slices.Clone(brokerProfiles), "observability")
+	for cp := range clusterProfiles {
+		want = append(want, cp)
+	}
+	require.ElementsMatch(t, want, profiles, "the profiles of compose.yaml")
 	require.NoError(t, checkProject(all))
 
 	for _, b := range brokerProfiles {
@@ -579,9 +588,87 @@ func TestPortsAtCLIDefaults(t *testing.T) {
 		"migrate-kafka":    {},
 		"migrate-sqs":      {},
 	}
+	for cp, prefix := range clusterProfiles {
+		for n := 1; n <= 3; n++ {
+			want[fmt.Sprintf("%s-%d", prefix, n)] = clusterPorts(cp, n)
+		}
+	}
 	require.ElementsMatch(t, names(p.Services), slices.Collect(maps.Keys(want)))
 	for name, ports := range want {
 		require.Equal(t, ports, published(service(t, p, name)), "ports of %s", name)
+	}
+}
+
+// clusterPorts are the host ports of node n of a cluster profile: the
+// single-node port plus 10×n, as compose/local/cluster.sh chooses them.
+func clusterPorts(profile string, n int) map[string]uint32 {
+	switch profile {
+	case "rabbitmq-cluster":
+		return map[string]uint32{fmt.Sprint(5672 + 10*n): 5672}
+	case "nats-cluster":
+		return map[string]uint32{fmt.Sprint(4232 + 10*n): 4222}
+	default:
+		return map[string]uint32{fmt.Sprint(9192 + 10*n): 29092}
+	}
+}
+
+// Each cluster profile runs three nodes of its broker, the same image as
+// the single-node service, configured as one cluster with the replication
+// ferry's failover tests rely on: Kafka's three KRaft voters, replication
+// factor 3, min.insync.replicas 2 and no unclean leader election; NATS
+// routes to all three under one cluster name; RabbitMQ one Erlang cookie
+// and a peer list naming all three.
+func TestClusterProfiles(t *testing.T) {
+	t.Parallel()
+	for cp, prefix := range clusterProfiles {
+		t.Run(cp, func(t *testing.T) {
+			p := load(t, cp)
+			require.NoError(t, checkProject(p))
+			var nodes []string
+			for n := 1; n <= 3; n++ {
+				nodes = append(nodes, fmt.Sprintf("%s-%d", prefix, n))
+			}
+			require.ElementsMatch(t, append([]string{"postgres", "mailpit"}, nodes...), names(p.Services))
+			single := service(t, load(t, prefix), prefix)
+			ids := map[string]bool{}
+			for n, name := range nodes {
+				s := service(t, p, name)
+				require.Equal(t, single.Image, s.Image, "%s runs the single-node image", name)
+				require.Equal(t, clusterPorts(cp, n+1), published(s))
+				switch prefix {
+				case "kafka":
+					require.Equal(t, fmt.Sprint(n+1), env(s, "KAFKA_NODE_ID"))
+					ids[env(s, "CLUSTER_ID")] = true
+					require.Equal(t, "1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093", env(s, "KAFKA_CONTROLLER_QUORUM_VOTERS"))
+					require.Equal(t, "3", env(s, "KAFKA_DEFAULT_REPLICATION_FACTOR"))
+					require.Equal(t, "2", env(s, "KAFKA_MIN_INSYNC_REPLICAS"))
+					require.Equal(t, "false", env(s, "KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"))
+					require.Equal(t, "3", env(s, "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"))
+					require.Contains(t, env(s, "KAFKA_ADVERTISED_LISTENERS"), "PLAINTEXT://"+name+":9092")
+				case "nats":
+					cmd := strings.Join(s.Command, " ")
+					require.Contains(t, cmd, "-js")
+					require.Contains(t, cmd, "--cluster_name ferry")
+					require.Contains(t, cmd, "--routes nats://nats-1:6222,nats://nats-2:6222,nats://nats-3:6222")
+					require.Contains(t, cmd, "-n "+name)
+				case "rabbitmq":
+					require.Equal(t, name, s.Hostname)
+					ids[env(s, "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS")] = true
+					require.Equal(t, env(s, "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"), env(s, "RABBITMQ_CTL_ERL_ARGS"), "the CLI tools use the node's cookie")
+				}
+			}
+			if prefix != "nats" {
+				require.Len(t, ids, 1, "one cluster id / Erlang cookie for the three nodes")
+			}
+			if prefix == "rabbitmq" {
+				conf, err := os.ReadFile(filepath.Join("rabbitmq-cluster", "rabbitmq.conf"))
+				require.NoError(t, err)
+				for _, name := range nodes {
+					require.Contains(t, string(conf), "= rabbit@"+name)
+				}
+				require.Contains(t, string(conf), "cluster_partition_handling = pause_minority")
+			}
+		})
 	}
 }
 

@@ -208,4 +208,17 @@
 // NativeDelay false (retry levels), Ordering OrderingKey, Wildcards true,
 // Replay true, CountsRedeliveries false (Attempt counts retries only),
 // MaxMessageBytes from the broker.
+//
+// # Clusters
+//
+// Config.Brokers lists bootstrap brokers; the client follows partition
+// leaders through the cluster's metadata. At New the adapter reads
+// default.replication.factor, min.insync.replicas and
+// unclean.leader.election.enable from a broker: on 2 or more brokers an
+// unclean leader election is refused, and a replication factor below 3 (on
+// 3 or more) or min.insync.replicas below 2 is logged as a WARN naming the
+// setting. Produce requests are acks=all; one refused with a retriable error
+// before the append (NOT_LEADER_OR_FOLLOWER while the leader moves) is sent
+// again with fresh records. Tested under load on a 3-broker KRaft cluster by
+// internal/cluster.
 package kafka

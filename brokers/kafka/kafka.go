@@ -147,9 +147,10 @@ func (b *kafkaBroker) readBrokerConfig(ctx context.Context) error {
 	id := strconv.Itoa(md.Brokers[0].ID)
 	b.maxBytes = defaultMessageMaxBytes
 	b.replication = 1
+	minISR, unclean := 1, false
 	res, err := b.client.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
 		ResourceType: kafkago.ResourceTypeBroker, ResourceName: id,
-		ConfigNames: []string{"message.max.bytes", "default.replication.factor"},
+		ConfigNames: []string{"message.max.bytes", "default.replication.factor", "min.insync.replicas", "unclean.leader.election.enable"},
 	}}})
 	if err != nil {
 		return fmt.Errorf("kafka: read the configuration of broker %s: %w", id, err)
@@ -159,6 +160,10 @@ func (b *kafkaBroker) readBrokerConfig(ctx context.Context) error {
 			return fmt.Errorf("kafka: read the configuration of broker %s: %w", id, r.Error)
 		}
 		for _, e := range r.ConfigEntries {
+			if e.ConfigName == "unclean.leader.election.enable" {
+				unclean = e.ConfigValue == "true"
+				continue
+			}
 			n, err := strconv.Atoi(e.ConfigValue)
 			if err != nil {
 				continue
@@ -168,14 +173,55 @@ func (b *kafkaBroker) readBrokerConfig(ctx context.Context) error {
 				b.maxBytes = n
 			case "default.replication.factor":
 				b.replication = n
+			case "min.insync.replicas":
+				minISR = n
 			}
 		}
 	}
 	if b.cfg.ReplicationFactor > 0 {
 		b.replication = b.cfg.ReplicationFactor
 	}
+	if err := b.checkReplication(len(md.Brokers), minISR, unclean); err != nil {
+		return err
+	}
 	if b.maxBytes <= 2*recordOverheadBytes {
 		return fmt.Errorf("kafka: broker %s: message.max.bytes %d is too small for ferry (want more than %d)", id, b.maxBytes, 2*recordOverheadBytes)
+	}
+	return nil
+}
+
+// checkReplication checks, on a cluster of brokers brokers, that a write
+// ferry's producer (acks=all) sees confirmed survives a broker's loss:
+//   - unclean.leader.election.enable=true is refused: an out-of-sync replica
+//     may then become leader and drop writes that were acknowledged
+//     (https://kafka.apache.org/documentation/#design_uncleanleader);
+//   - a replication factor below 3 on 3 or more brokers, and
+//     min.insync.replicas below 2 with a replication factor of 2 or more,
+//     are logged as a WARN naming the setting: acks=all waits for the
+//     in-sync replicas only, so with min.insync.replicas=1 the leader alone
+//     may confirm a write it then loses (https://kafka.apache.org/documentation/#brokerconfigs_min.insync.replicas,
+//     "use min.insync.replicas and acks to enforce greater durability
+//     guarantees ... replication factor of 3, min.insync.replicas to 2").
+//
+// It returns an error wrapping broker.ErrInvalidConfig for the refusal.
+func (b *kafkaBroker) checkReplication(brokers, minISR int, unclean bool) error {
+	if brokers < 2 {
+		return nil
+	}
+	if unclean {
+		return fmt.Errorf("%w: kafka: the cluster has unclean.leader.election.enable=true: a replica that missed writes may become leader and drop messages ferry saw confirmed; set it to false", broker.ErrInvalidConfig)
+	}
+	if brokers >= 3 && b.replication < 3 {
+		setting := "default.replication.factor"
+		if b.cfg.ReplicationFactor > 0 {
+			setting = "ReplicationFactor"
+		}
+		b.log.Warn("kafka: topics get fewer than 3 replicas on a cluster of 3 or more brokers: a broker's loss can lose or block confirmed messages; use 3",
+			"setting", setting, "replication_factor", b.replication, "brokers", brokers)
+	}
+	if b.replication >= 2 && minISR < 2 {
+		b.log.Warn("kafka: min.insync.replicas is 1: a write is confirmed once the leader alone has it, and lost if the leader dies before a follower copied it; set min.insync.replicas=2 on the brokers or the topics",
+			"setting", "min.insync.replicas", "value", minISR, "brokers", brokers)
 	}
 	return nil
 }

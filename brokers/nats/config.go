@@ -38,7 +38,13 @@ type Config struct {
 	// reconnects forever. Defaults to 250 ms.
 	ReconnectWait time.Duration
 	// Replicas is the replication factor of the streams and consumers
-	// (1 on a single server, 3 in a typical cluster). Defaults to 1.
+	// (1 on a single server, 3 in a typical cluster). Defaults to 1 on a
+	// single server and to 3 (or the cluster's size when smaller) when the
+	// server New reaches is part of a cluster. An explicit 1 on a cluster
+	// is logged as a WARN: a stream with one replica lives on one server and
+	// its messages are unavailable, or lost with its disk, while that
+	// server is down (https://docs.nats.io/nats-concepts/jetstream/streams#replicas:
+	// "Replicas=3 - Can tolerate the loss of one server servicing the stream").
 	Replicas int
 	// MaxAckPending is the server-side bound on unacknowledged deliveries
 	// of one queue's consumer across all its subscribers (JetStream
@@ -89,9 +95,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReconnectWait == 0 {
 		c.ReconnectWait = 250 * time.Millisecond
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
 	}
 	if c.MaxAckPending == 0 {
 		c.MaxAckPending = 1000

@@ -140,4 +140,16 @@
 // back half-deleted) and publish the refused messages once more. A consumer
 // declared again keeps the AckWait and MaxAckPending of the last
 // Subscribe. Messages stored in a deleted stream are gone with it.
+//
+// # Clusters
+//
+// Config.URL may list several servers, separated by commas (nats.go also
+// learns the others from the one it reaches). On a server that names a
+// cluster, streams and consumers get 3 replicas unless Config.Replicas says
+// otherwise, and an explicit 1 is logged as a WARN. When the connection
+// drops, the PubAcks still awaited fail at once (the server would answer
+// them on the lost connection), so Publish returns instead of waiting out
+// PublishTimeout, and the relay publishes them again: the stream's duplicate
+// window drops a copy it already stored. Tested under load on a 3-server
+// cluster by internal/cluster.
 package nats

@@ -92,6 +92,24 @@ type queueInfo struct {
 	replay   string
 }
 
+// setReplicas resolves Config.Replicas once connected: unset, 1 on a
+// single server and min(3, servers known) on a cluster (the server names a
+// cluster in its INFO); an explicit 1 on a cluster logs a WARN naming the
+// setting (see Config.Replicas).
+func (b *natsBroker) setReplicas() {
+	cluster := b.nc.ConnectedClusterName() != ""
+	servers := len(b.nc.Servers())
+	switch {
+	case b.cfg.Replicas == 0 && cluster:
+		b.cfg.Replicas = max(1, min(3, servers))
+	case b.cfg.Replicas == 0:
+		b.cfg.Replicas = 1
+	case b.cfg.Replicas == 1 && cluster:
+		b.log.Warn("nats: Replicas 1 on a cluster: each stream lives on one server, and its messages are unavailable, or lost with its disk, while that server is down; use 3",
+			"setting", "Replicas", "cluster", b.nc.ConnectedClusterName(), "servers", servers)
+	}
+}
+
 // New connects to the NATS server at cfg.URL and returns a Broker on its
 // JetStream. ctx bounds the connection attempt. It returns an error when
 // the server is unreachable or has JetStream disabled; an error wrapping
@@ -138,6 +156,7 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 			if err != nil {
 				b.log.Warn("nats: disconnected", "err", err)
 			}
+			b.acks.failAll(errAckLost)
 		}),
 		natsgo.ReconnectHandler(func(c *natsgo.Conn) {
 			b.log.Info("nats: reconnected", "url", c.ConnectedUrlRedacted())
@@ -179,6 +198,7 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		return nil, fmt.Errorf("nats: %s: JetStream is not available (start nats-server with -js): %w", redact(cfg.URL), err)
 	}
 	b.nc, b.js = nc, js
+	b.setReplicas()
 	b.maxPayload = int(nc.MaxPayload())
 	maxMsg := b.maxPayload - headerReserve
 	if maxMsg < b.maxPayload/2 {

@@ -196,6 +196,14 @@ func (r *refused) Error() string { return r.err.Error() }
 // up (ctx done or broker closed).
 var errNoAck = errors.New("nats: no PubAck")
 
+// errAckLost marks a message still waiting for its PubAck when the
+// connection dropped: the PubAck, if the server sends one, goes to the
+// old connection and is never seen, so waiting for it would hold the
+// Publish until PublishTimeout (30 s after a stream leader's server was
+// killed, in the failover tests). The message may be stored: publishing it
+// again is absorbed by the stream's duplicate window (Nats-Msg-Id).
+var errAckLost = errors.New("nats: connection lost before the PubAck")
+
 // pubBatch is one Publish call's messages waiting for their PubAcks.
 type pubBatch struct {
 	// errs holds each message's outcome: nil when confirmed (or not yet
@@ -260,6 +268,21 @@ func (t *ackTracker) settle(m *natsgo.Msg, err error) {
 	s.batch.left--
 	if s.batch.left == 0 {
 		close(s.batch.done)
+	}
+}
+
+// failAll settles every pending message with err (the connection that
+// would have carried their PubAcks is gone).
+func (t *ackTracker) failAll(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for m, s := range t.pending {
+		delete(t.pending, m)
+		s.batch.errs[s.i] = err
+		s.batch.left--
+		if s.batch.left == 0 {
+			close(s.batch.done)
+		}
 	}
 }
 

@@ -28,6 +28,11 @@ type connMgr struct {
 	connected  bool
 	refused    chan struct{} // closed when refusedErr is set
 	refusedErr error
+
+	// next is the index in Config.urls() of the node the next dial tries
+	// first; at is the node of the current connection. Only run touches
+	// them.
+	next, at int
 }
 
 func newConnMgr(r *rabbit, role string) *connMgr {
@@ -82,15 +87,33 @@ func (m *connMgr) current(ctx context.Context) (*amqp.Connection, error) {
 	}
 }
 
+// dial connects to the first node of Config.URL that answers, starting
+// at m.next and going round the list once; it returns the error of the
+// last node tried. A refusal (refusal) is returned at once: every node of
+// a cluster shares its users, so the next one would refuse too.
 func (m *connMgr) dial() (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(m.r.cfg.ConnectionName + "-" + m.role)
-	return amqp.DialConfig(m.r.cfg.URL, amqp.Config{
-		Heartbeat:  m.r.cfg.Heartbeat,
-		Locale:     "en_US",
-		Properties: props,
-		Dial:       amqp.DefaultDial(5 * time.Second),
-	})
+	urls := m.r.cfg.urls()
+	var err error
+	for i := range urls {
+		idx := (m.next + i) % len(urls)
+		var conn *amqp.Connection
+		conn, err = amqp.DialConfig(urls[idx], amqp.Config{
+			Heartbeat:  m.r.cfg.Heartbeat,
+			Locale:     "en_US",
+			Properties: props,
+			Dial:       amqp.DefaultDial(5 * time.Second),
+		})
+		if err == nil {
+			m.at = idx
+			return conn, nil
+		}
+		if refusal(err) || m.r.closed.Load() {
+			return nil, err
+		}
+	}
+	return nil, err
 }
 
 // sleep waits d or until the adapter closes; false when closed.
@@ -117,7 +140,7 @@ func (m *connMgr) run() {
 		conn, err := m.dial()
 		if err == nil {
 			if t := m.r.topology(); t != nil {
-				if derr := declareOn(conn, *t, m.r.cfg.QueueType, log); derr != nil {
+				if derr := declareOn(conn, *t, m.r.cfg.QueueType, m.r.cfg.QuorumReplicas, log); derr != nil {
 					// The topology was accepted before; a refusal now is
 					// logged, and the connection used for what still works.
 					log.Error("rabbitmq: re-declare after reconnect failed", "err", derr)
@@ -157,7 +180,7 @@ func (m *connMgr) run() {
 		if lost || failures > 0 {
 			// Every "connection lost" is followed by one "reconnected",
 			// also when the first dial succeeds.
-			log.Info("rabbitmq: reconnected", "dial_attempts", failures+1)
+			log.Info("rabbitmq: reconnected", "dial_attempts", failures+1, "url", redact(m.r.cfg.urls()[m.at]))
 		}
 		failures = 0
 		lost = false
@@ -172,6 +195,8 @@ func (m *connMgr) run() {
 		select {
 		case e := <-closed:
 			lost = true
+			// The node is likely gone: try the next one first.
+			m.next = (m.at + 1) % len(m.r.cfg.urls())
 			if e != nil {
 				log.Warn("rabbitmq: connection lost; reconnecting", "err", e)
 			} else {

@@ -23,7 +23,9 @@
 // broker.ErrUnroutable for its batch index. A batch is pipelined: every
 // message is written, then every confirm awaited. Each message gets its
 // own outcome: an acked message is confirmed (never sent again), a
-// basic.nack is broker.ErrNacked, and a message whose confirm did not come
+// basic.nack is ErrServerNack (an outage of the queue, not a fault of the
+// message: a quorum queue electing a new leader nacks what was in flight),
+// and a message whose confirm did not come
 // fails with the reason the channel or connection closed.
 //
 // A channel closed by the server because of a message published on it is
@@ -185,4 +187,19 @@
 // wildcard bindings, messages up to Config.MaxMessageBytes (RabbitMQ's
 // max_message_size, 128 MiB by default since 3.8), no replay of consumed
 // messages, redeliveries not counted as attempts.
+//
+// # Clusters
+//
+// Config.URL may list the nodes of one cluster, separated by commas. Each
+// of the two connections dials them in turn and, after a loss, starts with
+// the node after the one it lost; the topology is declared again on the new
+// node. With several URLs the queues default to quorum queues with
+// x-quorum-initial-group-size = the URL count (up to 5, Config.QuorumReplicas);
+// QuorumReplicas 1 is refused and classic queues or 2 replicas are logged as
+// a WARN (see Config.QuorumReplicas). A quorum queue whose leader dies
+// nacks what was in flight to it; that nack is ErrServerNack, an outage the
+// relay waits out without charging the rows an attempt. Tested under load
+// on a 3-node cluster (kill -9 of the queue leader and of another node,
+// SIGSTOP of the leader beyond net_ticktime, a rolling restart) by
+// internal/cluster.
 package rabbitmq

@@ -28,7 +28,7 @@ func (r *rabbit) deliveryLimit(ctx context.Context, queue string) (int, string, 
 	if err != nil || base.Host == "" {
 		return 0, "", fmt.Errorf("rabbitmq: Config.ManagementURL %q: want http(s)://[user:password@]host:port", redact(r.cfg.ManagementURL))
 	}
-	uri, err := amqp.ParseURI(r.cfg.URL)
+	uri, err := amqp.ParseURI(r.cfg.urls()[0])
 	if err != nil {
 		return 0, "", fmt.Errorf("rabbitmq: Config.URL %q: %w", redact(r.cfg.URL), err)
 	}

@@ -198,15 +198,34 @@ func (r *rabbit) publishHealing(ctx context.Context, items []outgoing) ([]error,
 		retry[j] = items[i]
 	}
 	errs2, err := r.publishConfirmed(ctx, retry)
+	cluster := len(r.cfg.urls()) > 1
 	for j, i := range again {
-		if err != nil {
+		switch {
+		case err != nil:
 			errs[i] = err
-		} else {
+		case cluster && errors.Is(errs2[j], broker.ErrUnroutable):
+			// Returned again right after its binding was declared again:
+			// on a cluster that is a node that has just (re)started and
+			// not yet recovered its durable bindings (seen in a rolling
+			// restart: 100 rows parked as unroutable for 30 s). The route
+			// exists, so it is an outage of that node, not a fault of the
+			// message.
+			errs[i] = fmt.Errorf("rabbitmq: publish %q: %w", items[i].pub.MessageId, ErrRoutesRecovering)
+		default:
 			errs[i] = errs2[j]
 		}
 	}
 	return errs, nil
 }
+
+// ErrRoutesRecovering is the error of a message a cluster node returned
+// as unroutable (basic.return) although the adapter's topology binds its
+// routing key and the binding was just declared again: a node that has
+// just started serves connections before it has recovered its durable
+// bindings. It does not wrap broker.ErrUnroutable: the relay waits it out
+// as an outage instead of parking the row. Only with several URLs; on a
+// single node the message stays broker.ErrUnroutable.
+var ErrRoutesRecovering = errors.New("rabbitmq: the node returned the message unroutable although its binding exists (a cluster node still recovering its bindings); publish it again later")
 
 // send publishes items on pc and waits for their confirms. healthy is false
 // when the channel must not be reused (closed, or confirms still pending).
@@ -296,7 +315,7 @@ confirms:
 				}
 				healthy = false
 			} else {
-				errs[i] = fmt.Errorf("rabbitmq: publish: %w", broker.ErrNacked)
+				errs[i] = fmt.Errorf("rabbitmq: publish: %w", ErrServerNack)
 			}
 		}
 	}
@@ -592,3 +611,18 @@ func retryCount(h map[string]string) int {
 	}
 	return n
 }
+
+// ErrServerNack is the error of a message the server answered with
+// basic.nack in confirm mode. RabbitMQ sends a nack only when the queue
+// could not take the message for a reason of its own, never for the
+// message: "basic.nack will only be delivered if an internal error occurs
+// in the Erlang process responsible for a queue"
+// (https://www.rabbitmq.com/docs/confirms#server-sent-nacks), e.g. a
+// quorum queue whose leader died and whose replicas are electing another,
+// or a queue at its length limit with x-overflow reject-publish
+// (https://www.rabbitmq.com/docs/maxlength). Publishing the same message
+// again later succeeds, so it is an outage in broker.Broker.Publish's
+// terms: it does not wrap broker.ErrNacked, and the relay pauses and tries
+// again without charging the message an attempt (on a cluster, a queue
+// leader's death nacks the messages in flight to it).
+var ErrServerNack = errors.New("rabbitmq: basic.nack from the server: the queue could not take the message now (a quorum queue electing a leader, a queue at its length limit); publish it again later")

@@ -78,8 +78,15 @@ const keyHeader = "x-ferry-key"
 // Config configures the adapter. The zero value of every field means its
 // documented default.
 type Config struct {
-	// URL is the AMQP URL, amqp://user:password@host:port/vhost. Defaults to
-	// DefaultURL.
+	// URL is the AMQP URL, amqp://user:password@host:port/vhost, or, for a
+	// cluster, the URLs of its nodes separated by commas
+	// ("amqp://u:p@h1:5672/,amqp://u:p@h2:5672/"). Each connection
+	// dials the nodes in turn, starting after the one it lost, until one
+	// answers (https://www.rabbitmq.com/docs/clustering#clients: clients
+	// must be given several nodes to connect to). Several URLs mean a
+	// cluster: QueueType then defaults to QueueTypeQuorum and classic
+	// queues, which live on one node, are logged as a WARN at New.
+	// Defaults to DefaultURL.
 	URL string
 	// PublishTimeout bounds a Publish (and the confirmed publish inside
 	// Retry, DeadLetter and Replay) whose ctx has no deadline. Defaults to
@@ -115,8 +122,19 @@ type Config struct {
 	// QueueTypeQuorum. Defaults to QueueTypeClassic. A queue that exists
 	// with the other type is refused with broker.ErrTopologyMismatch: the
 	// type of a queue cannot change, delete it (after draining it) to
-	// switch. See the package doc for the arguments each type gets.
+	// switch. See the package doc for the arguments each type gets. With
+	// several URLs (a cluster) it defaults to QueueTypeQuorum.
 	QueueType string
+	// QuorumReplicas is the x-quorum-initial-group-size of the quorum
+	// queues Declare creates: how many nodes hold each queue. Defaults,
+	// with several URLs, to their count up to 5, and with one URL to the
+	// server's default (every node up to its quorum_cluster_size). With
+	// several URLs, 1 is refused (a queue on one node loses the messages it
+	// confirmed when that node's disk is lost, and is unavailable while the
+	// node is down) and 2 is logged as a WARN (a majority of 2 is 2: one
+	// node down stops the queue); https://www.rabbitmq.com/docs/quorum-queues#replication-factor
+	// recommends an odd count, 3 or 5. Ignored for classic queues.
+	QuorumReplicas int
 	// ConsumerTimeout is the server's consumer_timeout (rabbitmq.conf;
 	// https://www.rabbitmq.com/docs/consumers#acknowledgement-timeout):
 	// a delivery left unacknowledged that long makes the server close the
@@ -175,6 +193,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.QueueType == "" {
 		c.QueueType = QueueTypeClassic
+		if len(c.urls()) > 1 {
+			c.QueueType = QueueTypeQuorum
+		}
+	}
+	if n := len(c.urls()); c.QuorumReplicas == 0 && n > 1 {
+		c.QuorumReplicas = min(n, 5)
 	}
 	if c.ConsumerTimeout == 0 {
 		c.ConsumerTimeout = DefaultConsumerTimeout
@@ -237,16 +261,31 @@ func (c Config) validate() error {
 	bad := func(field, value, format string, args ...any) error {
 		return &broker.ConfigError{Adapter: "rabbitmq", Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 	}
-	const wantURL = "want amqp://user:password@host:port/vhost or amqps://…"
-	uri, err := amqp.ParseURI(c.URL)
-	if err != nil {
-		return bad("URL", redact(c.URL), "%v; %s", err, wantURL)
+	const wantURL = "want amqp://user:password@host:port/vhost or amqps://…, or several separated by commas"
+	urls := c.urls()
+	if len(urls) == 0 {
+		return bad("URL", c.URL, "no URL; %s", wantURL)
 	}
-	if strings.Contains(uri.Host, ":") && net.ParseIP(uri.Host) == nil {
-		// amqp.ParseURI takes "host:1:2" as host "host:1".
-		return bad("URL", redact(c.URL), "host %q is not a host name; %s", uri.Host, wantURL)
+	var vhost string
+	for i, u := range urls {
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			return bad("URL", redact(u), "%v; %s", err, wantURL)
+		}
+		if strings.Contains(uri.Host, ":") && net.ParseIP(uri.Host) == nil {
+			// amqp.ParseURI takes "host:1:2" as host "host:1".
+			return bad("URL", redact(u), "host %q is not a host name; %s", uri.Host, wantURL)
+		}
+		if i > 0 && uri.Vhost != vhost {
+			return bad("URL", redact(c.URL), "the URLs name different vhosts (%q, %q): they must be nodes of one cluster, one vhost", vhost, uri.Vhost)
+		}
+		vhost = uri.Vhost
 	}
 	switch {
+	case c.QuorumReplicas < 0:
+		return bad("QuorumReplicas", "", "%d: must not be negative", c.QuorumReplicas)
+	case len(urls) > 1 && c.QueueType == QueueTypeQuorum && c.QuorumReplicas == 1:
+		return bad("QuorumReplicas", "1", "a quorum queue on one node of a %d-node cluster loses what it confirmed with that node; want 3 or 5 (https://www.rabbitmq.com/docs/quorum-queues#replication-factor)", len(urls))
 	case c.PublishTimeout < 0:
 		return bad("PublishTimeout", "", "%v: must not be negative", c.PublishTimeout)
 	case c.ReconnectDelay < 0:
@@ -282,8 +321,32 @@ func refusal(err error) bool {
 	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
 }
 
-// redact hides the password of an AMQP URL for messages and logs.
+// urls returns the URLs of c.URL: split at commas, blanks trimmed, empty
+// items dropped.
+func (c Config) urls() []string {
+	var out []string
+	for _, u := range strings.Split(c.URL, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// redact hides the passwords of an AMQP URL, or of a comma list of them,
+// for messages and logs.
 func redact(raw string) string {
+	if strings.Contains(raw, ",") {
+		parts := strings.Split(raw, ",")
+		for i, p := range parts {
+			parts[i] = redact1(strings.TrimSpace(p))
+		}
+		return strings.Join(parts, ",")
+	}
+	return redact1(raw)
+}
+
+func redact1(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.User == nil {
 		return raw
@@ -346,6 +409,7 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		queues:  map[string]broker.Queue{},
 		subs:    map[*subscription]struct{}{},
 	}
+	r.warnUnsafe()
 	r.closeCtx, r.cancelAll = context.WithCancel(context.Background())
 	r.pubMgr = newConnMgr(r, "publish")
 	r.subMgr = newConnMgr(r, "consume")
@@ -367,6 +431,27 @@ func New(ctx context.Context, cfg Config) (broker.Broker, error) {
 		}
 	}
 	return r, nil
+}
+
+// warnUnsafe logs a WARN for each setting that, on a cluster (several
+// URLs), lets a node loss lose or block confirmed messages: classic queues
+// (one copy on one node; RabbitMQ's replicated types are quorum queues and
+// streams, https://www.rabbitmq.com/docs/quorum-queues#motivation) and
+// QuorumReplicas 2 (no node may be down,
+// https://www.rabbitmq.com/docs/quorum-queues#quorum-requirements).
+// QuorumReplicas 1 is refused by validate.
+func (r *rabbit) warnUnsafe() {
+	n := len(r.cfg.urls())
+	if n < 2 {
+		return
+	}
+	if r.cfg.QueueType == QueueTypeClassic {
+		r.log.Warn("rabbitmq: QueueType classic on a cluster: each queue lives on one node, and its messages are unavailable, or lost with its disk, when that node is down; use quorum",
+			"setting", "QueueType", "nodes", n)
+	} else if r.cfg.QuorumReplicas == 2 {
+		r.log.Warn("rabbitmq: QuorumReplicas 2: a quorum of 2 replicas is both, so one node down stops every queue; use 3 or 5",
+			"setting", "QuorumReplicas", "nodes", n)
+	}
 }
 
 // Capabilities implements broker.Broker.
@@ -421,7 +506,7 @@ func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare: %w", err)
 	}
-	if err := declareOn(conn, t, r.cfg.QueueType, r.log); err != nil {
+	if err := declareOn(conn, t, r.cfg.QueueType, r.cfg.QuorumReplicas, r.log); err != nil {
 		if isAMQPCode(err, amqp.AccessRefused) {
 			return fmt.Errorf("%w: %w (the user may not configure, write or read these names on the vhost: see rabbitmqctl set_permissions)", err, broker.ErrRefused)
 		}
@@ -481,10 +566,15 @@ func QueueNames(q broker.Queue) []string {
 }
 
 // queueArgs are the arguments every queue of type qt gets: its
-// x-queue-type and, for quorum queues, QuorumDeliveryLimit.
-func queueArgs(qt string) amqp.Table {
+// x-queue-type and, for quorum queues, QuorumDeliveryLimit and, when
+// replicas > 0, x-quorum-initial-group-size (Config.QuorumReplicas).
+func queueArgs(qt string, replicas ...int) amqp.Table {
 	if qt == QueueTypeQuorum {
-		return amqp.Table{"x-queue-type": QueueTypeQuorum, "x-delivery-limit": int64(QuorumDeliveryLimit)}
+		t := amqp.Table{"x-queue-type": QueueTypeQuorum, "x-delivery-limit": int64(QuorumDeliveryLimit)}
+		if len(replicas) > 0 && replicas[0] > 0 {
+			t["x-quorum-initial-group-size"] = int64(replicas[0])
+		}
+		return t
 	}
 	return amqp.Table{"x-queue-type": QueueTypeClassic}
 }
@@ -497,8 +587,8 @@ func queueArgs(qt string) amqp.Table {
 // message leaves the retry queue only once the work queue confirmed it,
 // where the default at-most-once strategy could lose it
 // (https://www.rabbitmq.com/docs/quorum-queues#dead-lettering).
-func retryQueueArgs(qt, queue string, delay time.Duration) amqp.Table {
-	args := queueArgs(qt)
+func retryQueueArgs(qt, queue string, delay time.Duration, replicas ...int) amqp.Table {
+	args := queueArgs(qt, replicas...)
 	args["x-message-ttl"] = ttlMillis(delay)
 	args["x-dead-letter-exchange"] = ""
 	args["x-dead-letter-routing-key"] = queue
@@ -524,8 +614,8 @@ func ttlMillis(d time.Duration) int64 {
 // x-death header instead of vanishing (https://www.rabbitmq.com/docs/dlx).
 // ferry itself never rejects without requeue, so nothing else takes that
 // way.
-func workQueueArgs(qt, queue string) amqp.Table {
-	args := queueArgs(qt)
+func workQueueArgs(qt, queue string, replicas ...int) amqp.Table {
+	args := queueArgs(qt, replicas...)
 	args["x-dead-letter-exchange"] = ""
 	args["x-dead-letter-routing-key"] = broker.DLQName(queue)
 	return args
@@ -548,7 +638,7 @@ func PolicyDLX(queue string) string {
 // declared again without it, and log gets a warning with the policy that
 // adds it (PolicyDLX): a queue's arguments cannot change in place, and
 // refusing the queue would stop an upgrade.
-func declareOn(conn *amqp.Connection, t broker.Topology, qt string, log *slog.Logger) error {
+func declareOn(conn *amqp.Connection, t broker.Topology, qt string, replicas int, log *slog.Logger) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare: open channel: %w", err)
@@ -563,16 +653,16 @@ func declareOn(conn *amqp.Connection, t broker.Topology, qt string, log *slog.Lo
 	}
 	for _, q := range t.Queues {
 		dlq := broker.DLQName(q.Name)
-		if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(qt)); err != nil {
+		if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(qt, replicas)); err != nil {
 			return queueDeclareError(dlq, "", qt, err)
 		}
 		for i, d := range q.Delays() {
 			name := retryQueueName(q.Name, i)
-			if _, err := ch.QueueDeclare(name, true, false, false, false, retryQueueArgs(qt, q.Name, d)); err != nil {
+			if _, err := ch.QueueDeclare(name, true, false, false, false, retryQueueArgs(qt, q.Name, d, replicas)); err != nil {
 				return queueDeclareError(name, fmt.Sprintf("retry level %d, x-message-ttl %dms", i, ttlMillis(d)), qt, err)
 			}
 		}
-		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, workQueueArgs(qt, q.Name)); err != nil {
+		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, workQueueArgs(qt, q.Name, replicas)); err != nil {
 			var ae *amqp.Error
 			if !isAMQPCode(err, amqp.PreconditionFailed) || !errors.As(err, &ae) || !strings.Contains(ae.Reason, "x-dead-letter-") {
 				return queueDeclareError(q.Name, "", qt, err)
@@ -583,7 +673,7 @@ func declareOn(conn *amqp.Connection, t broker.Topology, qt string, log *slog.Lo
 			if ch, err = conn.Channel(); err != nil {
 				return fmt.Errorf("rabbitmq: declare: open channel: %w", err)
 			}
-			if _, err := ch.QueueDeclare(q.Name, true, false, false, false, queueArgs(qt)); err != nil {
+			if _, err := ch.QueueDeclare(q.Name, true, false, false, false, queueArgs(qt, replicas)); err != nil {
 				return queueDeclareError(q.Name, "", qt, err)
 			}
 			log.Warn("rabbitmq: work queue has no dead-letter exchange (declared by an older ferry): a message RabbitMQ drops by itself (a policy's max-length, message-ttl or delivery-limit) is lost instead of reaching the DLQ; add it with a policy",
@@ -665,7 +755,7 @@ func (r *rabbit) healTopology(ctx context.Context, what string, seenAt time.Time
 		if err != nil {
 			return fmt.Errorf("rabbitmq: re-declare the missing topology: %w", err)
 		}
-		err = declareOn(conn, *t, r.cfg.QueueType, r.log)
+		err = declareOn(conn, *t, r.cfg.QueueType, r.cfg.QuorumReplicas, r.log)
 		if err == nil {
 			break
 		}

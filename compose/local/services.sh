@@ -14,8 +14,13 @@
 #   compose/local/services.sh env    [NAME...]  export FERRY_...=... lines for eval
 #   compose/local/services.sh reset  [NAME...]  stop and delete data, logs and ports
 #   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
+#   compose/local/services.sh node ROLE N kill|pause|resume|stop|start|pid
+#   compose/local/services.sh promote postgres-ha
 #
 # NAME is one of: postgres rabbitmq smtp nats kafka sqs moto (none = all).
+# The cluster roles rabbitmq-cluster kafka-cluster nats-cluster postgres-ha
+# are started only when named (one role per call is best on a small
+# machine); cluster.sh runs them and describes them.
 #
 # State (data, logs, pid files, chosen ports) lives in compose/local/.state/
 # (git-ignored; override with FERRY_STATE_DIR); `reset` deletes it, to start
@@ -1221,9 +1226,15 @@ lock() {
 	fi
 }
 
+# cluster.sh sources this file for its helpers, without the main part.
+[ -z "${FERRY_SERVICES_LIB:-}" ] || return 0
+
 cmd=${1:-}
 [ -n "$cmd" ] || usage
 shift
+case " $cmd $* " in
+*" node "* | *" promote "* | *-cluster* | *" postgres-ha "*) exec bash "$HERE/cluster.sh" "$cmd" "$@" ;;
+esac
 if [ "$cmd" = rabbitmqctl ]; then
 	rmq_env
 	exec "$RMQ_BIN/rabbitmqctl" "$@"

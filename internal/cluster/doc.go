@@ -1,0 +1,25 @@
+// Package cluster holds ferry's failover tests: the whole pipeline
+// (outbox.Enqueue, the relay, a worker with dedup whose handler's effect is
+// a database row) at a steady rate on the clustered servers of
+// compose/local/services.sh (rabbitmq-cluster, kafka-cluster, nats-cluster,
+// postgres-ha), while a node is killed (SIGKILL), paused beyond the
+// cluster's failure detection (SIGSTOP, then SIGCONT) or restarted one after
+// the other.
+//
+// Each test starts the cluster it needs with services.sh and stops it when
+// it ends, so that one cluster runs at a time. Like Jepsen's checkers, a
+// test counts: every event carries a sequence number; after the fault the
+// test reads back every effect row and fails on a lost event (committed in
+// PostgreSQL, no effect), a duplicate effect (two rows for one event), or an
+// outbox row parked or charged an attempt; it prints the redeliveries the
+// dedup absorbed and the time from the fault to the first event handled
+// after it.
+//
+// A real network partition needs network namespaces or packet filters,
+// which this machine's tests cannot use; SIGSTOP is the nearest real
+// thing: the paused node keeps its sockets open and answers nothing, as a
+// node behind a partition does, and the others elect a new leader.
+//
+// FERRY_CLUSTER_PHASE (a Go duration, default 2s) is how long the load runs
+// before and after each fault; `make test-cluster` runs longer phases.
+package cluster

@@ -1,0 +1,503 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/kafka"
+	"github.com/ferrymq/ferry/brokers/nats"
+	"github.com/ferrymq/ferry/internal/testenv"
+	"github.com/ferrymq/ferry/outbox"
+	"github.com/ferrymq/ferry/worker"
+)
+
+// rate is the load of every failover test: events per second through the
+// whole pipeline.
+const rate = 200
+
+// phase is how long the load runs before a fault and after it (the
+// drain comes after), and how long a killed node stays down:
+// FERRY_CLUSTER_PHASE, default 2s (make test); make test-cluster runs 15s.
+func phase(t *testing.T) time.Duration {
+	if v := os.Getenv("FERRY_CLUSTER_PHASE"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "FERRY_CLUSTER_PHASE")
+		return d
+	}
+	return 2 * time.Second
+}
+
+// services runs compose/local/services.sh with args and returns its
+// standard output; it fails the test when the script fails.
+func services(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("bash", append([]string{filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh")}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("services.sh %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// up starts role's cluster (stopped again when the test ends, so that one
+// cluster runs at a time) and returns the variables `services.sh env`
+// prints for it.
+func up(t *testing.T, role string) map[string]string {
+	t.Helper()
+	start := time.Now()
+	services(t, "up", role)
+	t.Logf("%s: cluster up in %v", role, time.Since(start).Round(time.Second))
+	t.Cleanup(func() { services(t, "down", role) })
+	env := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(services(t, "env", role)))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
+		if ok && !strings.HasPrefix(k, "#") {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// node runs `services.sh node role n what` (kill, pause, resume, stop,
+// start).
+func node(t *testing.T, role string, n int, what string) {
+	t.Helper()
+	services(t, "node", role, strconv.Itoa(n), what)
+}
+
+// system is one clustered broker under test.
+type system struct {
+	role string // the services.sh role
+	// open connects a new adapter to the cluster.
+	open func(ctx context.Context, log *slog.Logger) (broker.Broker, error)
+	// detect is longer than the cluster's failure detection: how long
+	// pause-leader keeps the leader stopped.
+	detect time.Duration
+	// leader returns the node (1..3) that leads the work queue, the
+	// partition or the stream of the rig's topology.
+	leader func(t *testing.T, rg *rig) int
+}
+
+// rig is one pipeline: a database, a relay and a worker, and the counts a
+// failover test checks.
+type rig struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	topo  broker.Topology
+	queue string
+	logs  *lockedBuffer
+
+	mu        sync.Mutex
+	committed []int64 // sequence numbers whose Enqueue committed
+	uncertain int     // commits whose outcome is unknown (the database failed during COMMIT)
+	seq       atomic.Int64
+
+	duplicates  atomic.Int64 // deliveries the dedup absorbed
+	redelivered atomic.Int64 // deliveries with Attempt > 1
+	handled     atomic.Int64
+	dead        atomic.Int64 // deliveries dead-lettered
+}
+
+// lockedBuffer collects the logs of the adapters, relay and worker; they
+// are printed when a test fails.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+const effectsSQL = `CREATE TABLE IF NOT EXISTS effects (
+	id  bigserial PRIMARY KEY,
+	seq bigint NOT NULL,
+	key text NOT NULL,
+	at  timestamptz NOT NULL DEFAULT clock_timestamp())`
+
+// newRig migrates pool's database and starts a relay and a worker, each on
+// its own adapter from open, with a topology of its own, until the test
+// ends. ordered asks the worker for per-key order.
+func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log *slog.Logger) (broker.Broker, error), ordered bool) *rig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	_, err := pool.Exec(ctx, effectsSQL)
+	require.NoError(t, err)
+	ex := strings.ReplaceAll(testenv.UniqueName("failover"), ".", "-")
+	rg := &rig{t: t, pool: pool, queue: ex + "-work", logs: &lockedBuffer{},
+		topo: broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: ex + "-work", Bindings: []string{"ev.#"}}}}}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("FERRY_CLUSTER_LOGS") != "" {
+			t.Logf("logs:\n%s", rg.logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(rg.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	relayB, err := open(ctx, log)
+	require.NoError(t, err, "open the relay's adapter")
+	t.Cleanup(func() { relayB.Close() })
+	require.NoError(t, relayB.Declare(ctx, rg.topo))
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Broker: relayB, Retention: -1, Logger: log})
+	require.NoError(t, err)
+
+	workB, err := open(ctx, log)
+	require.NoError(t, err, "open the worker's adapter")
+	t.Cleanup(func() { workB.Close() })
+	require.NoError(t, workB.Declare(ctx, rg.topo))
+	w, err := worker.New(worker.Config{
+		Consumer: "failover", Queue: rg.queue, Pool: pool, Broker: workB, Topology: rg.topo,
+		Concurrency: 8, Ordered: ordered, Logger: log,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
+			var ev struct{ Seq int64 }
+			if err := json.Unmarshal(msg.Body, &ev); err != nil {
+				return worker.Permanent(err)
+			}
+			if msg.Attempt > 1 {
+				rg.redelivered.Add(1)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO effects (seq, key) VALUES ($1, $2)`, ev.Seq, msg.Key)
+			return err
+		},
+		OnOutcome: func(_ *broker.Message, o worker.Outcome, _ time.Duration) {
+			switch o {
+			case worker.OutcomeDuplicate:
+				rg.duplicates.Add(1)
+			case worker.OutcomeAck:
+				rg.handled.Add(1)
+			case worker.OutcomeDead:
+				rg.dead.Add(1)
+			}
+		},
+	})
+	require.NoError(t, err)
+
+	runCtx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
+	go func() { defer wg.Done(); _ = w.Run(runCtx) }()
+	t.Cleanup(func() { stop(); wg.Wait() })
+	return rg
+}
+
+// load enqueues rate events a second (a transaction of 10 every
+// 10s/rate: 50ms), keys k0..k15, until ctx is done; a failed transaction
+// is counted as uncertain when its COMMIT failed, and the load goes on.
+func (rg *rig) load(ctx context.Context) {
+	tick := time.NewTicker(10 * time.Second / rate)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		rg.enqueue10(ctx)
+	}
+}
+
+func (rg *rig) enqueue10(ctx context.Context) {
+	tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tx, err := rg.pool.Begin(tctx)
+	if err != nil {
+		return
+	}
+	defer tx.Rollback(context.Background())
+	seqs := make([]int64, 10)
+	evs := make([]outbox.Event, 10)
+	for i := range evs {
+		s := rg.seq.Add(1)
+		seqs[i] = s
+		evs[i] = outbox.Event{Type: "ev.x", Key: fmt.Sprintf("k%d", s%16), Body: []byte(fmt.Sprintf(`{"Seq":%d}`, s))}
+	}
+	if _, err := outbox.Enqueue(tctx, tx, evs...); err != nil {
+		return
+	}
+	if err := tx.Commit(tctx); err != nil {
+		rg.mu.Lock()
+		rg.uncertain += len(seqs)
+		rg.mu.Unlock()
+		return
+	}
+	rg.mu.Lock()
+	rg.committed = append(rg.committed, seqs...)
+	rg.mu.Unlock()
+}
+
+// result is what one failover run measured.
+type result struct {
+	Committed, Lost, Duplicates, Charged, WorkerAttempts int
+	Reordered                                            int
+	Absorbed, Redelivered                                int64
+	Recovery                                             time.Duration // fault to the first event enqueued after it handled
+	Stall                                                time.Duration // the longest time without a handled event, from the fault on
+}
+
+// run drives the load for a phase, calls fault (which returns when the
+// fault is over: the node restarted, resumed or promoted, and which calls
+// mark at the moment it strikes), drives it another phase, then waits
+// until every outbox row is handled and checks the counts.
+func (rg *rig) run(fault func(mark func())) result {
+	t := rg.t
+	ctx, stop := context.WithCancel(context.Background())
+	loaded := make(chan struct{})
+	go func() { defer close(loaded); rg.load(ctx) }()
+	time.Sleep(phase(t))
+	var faultAt time.Time
+	var seqAtFault int64
+	fault(func() { faultAt, seqAtFault = time.Now(), rg.seq.Load() })
+	require.False(t, faultAt.IsZero(), "the fault did not call mark")
+	time.Sleep(phase(t))
+	stop()
+	<-loaded
+
+	// Drain: bounded so that a lost event fails the test instead of
+	// hanging it.
+	var rows, done int
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		qctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := rg.pool.QueryRow(qctx, `SELECT (SELECT count(*) FROM outbox),
+			(SELECT count(DISTINCT o.id) FROM outbox o JOIN effects e ON e.seq = (convert_from(o.payload, 'UTF8')::json->>'Seq')::bigint)`).Scan(&rows, &done)
+		cancel()
+		if err == nil && rows == done {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // late redeliveries, to count their duplicates
+	bg := context.Background()
+	var res result
+	rg.mu.Lock()
+	committed := append([]int64(nil), rg.committed...)
+	uncertain := rg.uncertain
+	rg.mu.Unlock()
+	res.Committed = len(committed)
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT count(*) FROM unnest($1::bigint[]) c(seq) WHERE NOT EXISTS (SELECT FROM effects e WHERE e.seq = c.seq)`, committed).Scan(&res.Lost))
+	var outboxLost int
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT FROM effects e WHERE e.seq = (convert_from(o.payload, 'UTF8')::json->>'Seq')::bigint)`).Scan(&outboxLost))
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM effects GROUP BY seq HAVING count(*) > 1) d`).Scan(&res.Duplicates))
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT count(*) FROM outbox WHERE attempts > 0 OR processed_at IS NULL`).Scan(&res.Charged))
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT count(*) FROM worker_attempts`).Scan(&res.WorkerAttempts))
+	// Per key, effects in handling order must follow the sequence order.
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY key ORDER BY id) AS back FROM effects) x WHERE back`).Scan(&res.Reordered))
+	var first *time.Time
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT min(at) FROM effects WHERE seq > $1`, seqAtFault).Scan(&first))
+	if first != nil {
+		res.Recovery = first.Sub(faultAt)
+	}
+	var stall *time.Duration
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT max(gap) FROM (SELECT at - lag(at) OVER (ORDER BY at) AS gap FROM effects WHERE at >= $1) g`, faultAt).Scan(&stall))
+	if stall != nil {
+		res.Stall = *stall
+	}
+	res.Absorbed, res.Redelivered = rg.duplicates.Load(), rg.redelivered.Load()
+	t.Logf("RESULT %s: committed=%d uncertain=%d lost=%d (outbox rows without effect %d) duplicate_effects=%d charged_or_unprocessed=%d worker_attempts=%d redeliveries_absorbed=%d redelivered=%d reordered=%d recovery=%v stall=%v",
+		t.Name(), res.Committed, uncertain, res.Lost, outboxLost, res.Duplicates, res.Charged, res.WorkerAttempts, res.Absorbed, res.Redelivered, res.Reordered, res.Recovery.Round(time.Millisecond), res.Stall.Round(time.Millisecond))
+	require.Positive(t, res.Committed, "no event committed")
+	require.Zero(t, rg.dead.Load(), "messages dead-lettered (a body the handler could not read arrived)")
+	require.Zero(t, res.Lost, "committed events without an effect")
+	require.Zero(t, outboxLost, "outbox rows without an effect")
+	require.Zero(t, res.Duplicates, "duplicate effects")
+	require.Zero(t, res.Charged, "outbox rows charged an attempt or left unprocessed by the failover")
+	require.Zero(t, res.WorkerAttempts, "worker attempts recorded because of the failover")
+	require.NotNil(t, first, "no event enqueued after the fault was handled")
+	return res
+}
+
+// ---------------------------------------------------------------- leaders
+
+// nodeOfName returns N of a node name ending in -nN, -cN@host or similar.
+func nodeOfName(t *testing.T, name string) int {
+	name, _, _ = strings.Cut(name, "@")
+	i := strings.LastIndexAny(name, "nc")
+	n, err := strconv.Atoi(name[i+1:])
+	require.NoError(t, err, "node name %q", name)
+	return n
+}
+
+// natsLeader: the server that leads the work stream (JetStream's
+// StreamInfo.Cluster.Leader).
+func natsLeader(url string) func(t *testing.T, rg *rig) int {
+	return func(t *testing.T, rg *rig) int {
+		nc, err := natsgo.Connect(url)
+		require.NoError(t, err)
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		for i := 0; ; i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			s, err := js.Stream(ctx, nats.StreamName(rg.topo.Exchange))
+			var info *jetstream.StreamInfo
+			if err == nil {
+				info, err = s.Info(ctx)
+			}
+			cancel()
+			if err == nil && info.Cluster != nil && info.Cluster.Leader != "" {
+				return nodeOfName(t, info.Cluster.Leader)
+			}
+			require.Less(t, i, 120, "no leader of stream %s: %v", rg.topo.Exchange, err)
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+}
+
+// kafkaLeader: the broker that leads partition 0 of the exchange's topic;
+// brokers is the list the nodes were started with, in node order.
+func kafkaLeader(brokers []string) func(t *testing.T, rg *rig) int {
+	return func(t *testing.T, rg *rig) int {
+		for i := 0; ; i++ {
+			conn, err := kafkago.Dial("tcp", brokers[i%len(brokers)])
+			if err == nil {
+				parts, perr := conn.ReadPartitions(kafka.TopicName(rg.topo.Exchange))
+				conn.Close()
+				for _, p := range parts {
+					if p.ID == 0 && perr == nil {
+						for n, b := range brokers {
+							if strings.HasSuffix(b, ":"+strconv.Itoa(p.Leader.Port)) {
+								return n + 1
+							}
+						}
+					}
+				}
+			}
+			require.Less(t, i, 120, "no leader of topic %s partition 0: %v", rg.topo.Exchange, err)
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+}
+
+// rabbitLeader: the node that leads the quorum work queue, from the
+// management API of the first node that answers.
+func rabbitLeader(mgmt []string) func(t *testing.T, rg *rig) int {
+	return func(t *testing.T, rg *rig) int {
+		for i := 0; ; i++ {
+			base, err := url.Parse(mgmt[i%len(mgmt)])
+			require.NoError(t, err)
+			pass, _ := base.User.Password()
+			req, _ := http.NewRequest("GET", "http://"+base.Host+"/api/queues/%2F/"+url.PathEscape(rg.queue), nil)
+			req.SetBasicAuth(base.User.Username(), pass)
+			c := http.Client{Timeout: 5 * time.Second}
+			resp, err := c.Do(req)
+			if err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var q struct{ Leader, Node string }
+				if json.Unmarshal(body, &q) == nil {
+					if q.Leader == "" {
+						q.Leader = q.Node
+					}
+					if q.Leader != "" {
+						return nodeOfName(t, q.Leader)
+					}
+				}
+			}
+			require.Less(t, i, 120, "no leader of queue %s: %v", rg.queue, err)
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- faults
+
+// faults are the fault kinds every clustered broker is tested with.
+var faults = []struct {
+	name string
+	run  func(t *testing.T, sys system, rg *rig, mark func())
+}{
+	{"kill-leader", func(t *testing.T, sys system, rg *rig, mark func()) {
+		n := sys.leader(t, rg)
+		t.Logf("kill -9 node %d (the leader)", n)
+		node(t, sys.role, n, "kill")
+		mark() // the node is gone: what is enqueued from now on needs the failover
+		time.Sleep(phase(t))
+		node(t, sys.role, n, "start")
+	}},
+	{"kill-follower", func(t *testing.T, sys system, rg *rig, mark func()) {
+		// Node 1, where RabbitMQ's connections open (the first URL), unless
+		// it leads: then node 2.
+		n := 1
+		if sys.leader(t, rg) == 1 {
+			n = 2
+		}
+		t.Logf("kill -9 node %d (not the leader)", n)
+		node(t, sys.role, n, "kill")
+		mark() // the node is gone: what is enqueued from now on needs the failover
+		time.Sleep(phase(t))
+		node(t, sys.role, n, "start")
+	}},
+	{"pause-leader", func(t *testing.T, sys system, rg *rig, mark func()) {
+		n := sys.leader(t, rg)
+		t.Logf("SIGSTOP node %d (the leader) for %v, beyond failure detection, then SIGCONT", n, sys.detect)
+		node(t, sys.role, n, "pause")
+		mark() // the node is gone: what is enqueued from now on needs the failover
+		time.Sleep(sys.detect)
+		node(t, sys.role, n, "resume")
+	}},
+	{"rolling-restart", func(t *testing.T, sys system, rg *rig, mark func()) {
+		mark()
+		for n := 1; n <= 3; n++ {
+			t.Logf("restart node %d", n)
+			node(t, sys.role, n, "stop")
+			node(t, sys.role, n, "start")
+		}
+	}},
+}
+
+// failover runs, on sys, the per-key order check without a fault and
+// then every fault, each on a rig of its own. Under a fault a message
+// redelivered after a lost connection may come after later messages of its
+// key (worker.Config.Ordered holds "up to retries"); those are counted and
+// printed, and must be 0 without a fault.
+func failover(t *testing.T, sys system) {
+	t.Run("ordered", func(t *testing.T) {
+		pool, _ := testenv.NewPool(t)
+		rg := newRig(t, pool, sys.open, true)
+		res := rg.run(func(mark func()) { mark() })
+		require.Zero(t, res.Reordered, "effects of one key out of order on a healthy cluster with Ordered")
+	})
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			pool, _ := testenv.NewPool(t)
+			rg := newRig(t, pool, sys.open, true)
+			rg.run(func(mark func()) { f.run(t, sys, rg, mark) })
+		})
+	}
+}

@@ -60,6 +60,10 @@ type Config struct {
 	// Alert, when set, is the stuck-outbox alert whose state the
 	// overview shows.
 	Alert *alert.Alert
+	// Figures, when set, adds the application's own figures to the
+	// overview (e.g. the notification service's sent, rejected and dead
+	// counts); an error is shown in their place.
+	Figures func(ctx context.Context) ([]Figure, error)
 	// Logger receives the audit lines of the actions and the errors;
 	// nil discards them.
 	Logger *slog.Logger
@@ -73,6 +77,15 @@ var templateFiles embed.FS
 
 //go:embed static
 var staticFiles embed.FS
+
+// Figure is one of the application's figures on the overview.
+type Figure struct {
+	// Label names it, e.g. "sent"; Value is the number; Note says more,
+	// e.g. "by reason: 12 invalid email".
+	Label string
+	Value int64
+	Note  string
+}
 
 // Console is the console's http.Handler; New makes one. Safe for
 // concurrent use.
@@ -167,7 +180,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Security-Policy", csp)
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Referrer-Policy", "same-origin") // no-referrer would make the browser send Origin: null on the forms
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	if r.URL.Path == c.cfg.Prefix {
 		http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusFound)

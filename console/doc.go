@@ -47,5 +47,5 @@
 // with 403. Every answer carries a Content-Security-Policy without inline
 // script (default-src 'none'; script, style and images from the console
 // itself), frame-ancestors 'none' with X-Frame-Options: DENY,
-// X-Content-Type-Options: nosniff and Referrer-Policy: no-referrer.
+// X-Content-Type-Options: nosniff and Referrer-Policy: same-origin.
 package console

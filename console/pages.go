@@ -117,6 +117,8 @@ type overviewData struct {
 	Peak                     int64
 	Queues                   []queueSummary
 	Alert                    string
+	Figures                  []Figure
+	FiguresErr               string
 }
 
 func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
@@ -132,6 +134,11 @@ func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 	d := &overviewData{Stats: st, Rates: rates, Alert: "not configured in this process"}
 	if c.cfg.Alert != nil {
 		d.Alert = c.cfg.Alert.State().String()
+	}
+	if c.cfg.Figures != nil {
+		if d.Figures, err = c.cfg.Figures(ctx); err != nil {
+			d.FiguresErr = err.Error()
+		}
 	}
 	for _, p := range rates {
 		d.Published += p.Published

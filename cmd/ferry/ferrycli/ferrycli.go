@@ -143,6 +143,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			replayCommand(),
 			outboxCommand(),
 			jobsCommand(),
+			consoleCommand(),
 			benchCommand(),
 			benchChildCommand(),
 			versionCommand(),
@@ -378,7 +379,7 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), consoleFlags(true), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
@@ -403,6 +404,9 @@ func runCommand() *cli.Command {
 					return ignoreStopped(c.Context, err)
 				}
 				defer st.close()
+				if st.console = loadConsoleOpts(c); st.console != nil {
+					st.console.ready = func(url string) { fmt.Fprintf(c.App.Writer, "ferry run: console: %s\n", url) }
+				}
 				return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, st.runAll))
 			})
 		},

@@ -112,6 +112,7 @@ func (bu *bundle) enqueue(t *testing.T, events ...outbox.Event) []int64 {
 	t.Helper()
 	tx, err := bu.pool.Begin(bu.ctx)
 	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
 	ids, err := outbox.Enqueue(bu.ctx, tx, events...)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(bu.ctx))

@@ -57,9 +57,12 @@ type bundle struct {
 	con     *console.Console
 }
 
-func setup(t *testing.T, brokerName string, cfg console.Config) *bundle {
+// setupTimeout bounds a bundle's life (the benchmark's is longer).
+var setupTimeout = 4 * time.Minute
+
+func setup(t testing.TB, brokerName string, cfg console.Config) *bundle {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	t.Cleanup(cancel)
 	pool, dbURL := testenv.NewPool(t)
 	require.NoError(t, outbox.Migrate(ctx, pool))
@@ -108,7 +111,7 @@ func setup(t *testing.T, brokerName string, cfg console.Config) *bundle {
 }
 
 // enqueue commits events to the outbox and returns their ids.
-func (bu *bundle) enqueue(t *testing.T, events ...outbox.Event) []int64 {
+func (bu *bundle) enqueue(t testing.TB, events ...outbox.Event) []int64 {
 	t.Helper()
 	tx, err := bu.pool.Begin(bu.ctx)
 	require.NoError(t, err)
@@ -120,7 +123,7 @@ func (bu *bundle) enqueue(t *testing.T, events ...outbox.Event) []int64 {
 }
 
 // waitDead waits until the DLQ holds n messages.
-func (bu *bundle) waitDead(t *testing.T, n int) []broker.DeadMessage {
+func (bu *bundle) waitDead(t testing.TB, n int) []broker.DeadMessage {
 	t.Helper()
 	for {
 		msgs, err := bu.dlq.List(bu.ctx, 0)

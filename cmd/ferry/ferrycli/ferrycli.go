@@ -6,7 +6,8 @@
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
 // process), demo, dlq list|replay|purge, replay --since (brokers with the
 // Replay capability: Kafka), outbox stats|retry|drop, jobs get|list|cancel
-// (find, inspect and cancel a job), bench (the broker comparison
+// (find, inspect and cancel a job), console (the web console of package
+// console; run and demo serve it too, on --console-addr), bench (the broker comparison
 // of package bench/suite), version and help. A flag can also be set by an environment
 // variable (the README's "Flags" states the rule, and readme_test.go
 // checks it): FERRY_<FLAG_NAME> (for example --database-url and

@@ -103,4 +103,3 @@ FROM generate_series(1, 1000000) g`)
 	}
 	b.Logf("page timings, 1,000,000 outbox rows, 100,000 parked, 10,000 dead:\n%s", report)
 }
-

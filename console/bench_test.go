@@ -13,12 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/console"
+	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 )
 
 // BenchmarkPagesOnBigBacklog fills an outbox with 1,000,000 unprocessed
 // rows (100,000 of them parked, all with an app id) on a destination no
-// relay serves, and a NATS DLQ with 10,000 dead messages, then times each
+// relay serves, and a DLQ with 10,000 dead messages (on RabbitMQ;
+// FERRY_CONSOLE_BENCH_BROKER and FERRY_CONSOLE_BENCH_DEAD change the
+// broker and the count), then times each
 // page of the console (ms/op, and the median and slowest of the runs in
 // the log). It asserts nothing; the issue's aim is 200 ms a page.
 //
@@ -26,9 +29,12 @@ import (
 func BenchmarkPagesOnBigBacklog(b *testing.B) {
 	setupTimeout = 30 * time.Minute
 	defer func() { setupTimeout = 4 * time.Minute }()
-	bu := setup(b, "nats", console.Config{Token: testToken, DLQCacheTTL: time.Hour})
+	brokerName := testenv.Env("FERRY_CONSOLE_BENCH_BROKER", "rabbitmq")
+	dead, err := strconv.Atoi(testenv.Env("FERRY_CONSOLE_BENCH_DEAD", "10000"))
+	require.NoError(b, err, "FERRY_CONSOLE_BENCH_DEAD")
+	bu := setup(b, brokerName, console.Config{Token: testToken, DLQCacheTTL: time.Hour})
 	start := time.Now()
-	_, err := bu.pool.Exec(bu.ctx, `INSERT INTO outbox (event_type, partition_key, payload, headers, destination, occurred_at, attempts, last_error, next_attempt_at)
+	_, err = bu.pool.Exec(bu.ctx, `INSERT INTO outbox (event_type, partition_key, payload, headers, destination, occurred_at, attempts, last_error, next_attempt_at)
 SELECT 'job.big', 'k' || (g % 1000), '{"n":1}', jsonb_build_object('x-app-id', 'big-' || g), 'big', now() - interval '1 hour' + g * interval '1 millisecond',
        CASE WHEN g % 10 = 0 THEN 1 ELSE 0 END, CASE WHEN g % 10 = 0 THEN 'unroutable: no queue bound to job.big' END,
        CASE WHEN g % 10 = 0 THEN now() + interval '1 hour' END
@@ -39,9 +45,9 @@ FROM generate_series(1, 1000000) g`)
 	b.Logf("filled 1,000,000 outbox rows (100,000 parked) in %v", time.Since(start).Round(time.Millisecond))
 	start = time.Now()
 	var evs []outbox.Event
-	for i := range 10000 {
+	for i := range dead {
 		evs = append(evs, outbox.Event{Type: "job.run", AppID: "dead-" + strconv.Itoa(i), Body: []byte(`{"n":2}`)})
-		if len(evs) == 1000 {
+		if len(evs) == 1000 || i == dead-1 {
 			bu.enqueue(b, evs...)
 			evs = nil
 		}
@@ -49,19 +55,19 @@ FROM generate_series(1, 1000000) g`)
 	for {
 		var n int
 		require.NoError(b, bu.pool.QueryRow(bu.ctx, `SELECT count(*) FROM worker_dead`).Scan(&n))
-		if n >= 10000 {
+		if n >= dead {
 			break
 		}
 		select {
 		case <-bu.ctx.Done():
-			b.Fatalf("only %d of 10,000 dead-lettered", n)
+			b.Fatalf("only %d of %d dead-lettered", n, dead)
 		case <-time.After(time.Second):
 		}
 	}
-	b.Logf("10,000 messages dead-lettered in %v", time.Since(start).Round(time.Millisecond))
+	b.Logf("%d messages dead-lettered on %s in %v", dead, brokerName, time.Since(start).Round(time.Millisecond))
 	start = time.Now()
-	msgs := bu.waitDead(b, 10000)
-	b.Logf("one List of the 10,000 dead messages from NATS: %v", time.Since(start).Round(time.Millisecond))
+	msgs := bu.waitDead(b, dead)
+	b.Logf("one List of the %d dead messages from %s: %v", dead, brokerName, time.Since(start).Round(time.Millisecond))
 	q := url.QueryEscape(bu.queue)
 	pages := []struct{ name, path string }{
 		{"overview", "/"},
@@ -76,7 +82,7 @@ FROM generate_series(1, 1000000) g`)
 		{"dlq-fresh-read", "/dlq?queue=" + q + "&fresh=1"},
 		{"dlq-cached", "/dlq?queue=" + q},
 		{"dlq-by-app-id", "/dlq?queue=" + q + "&app_id=dead-5000"},
-		{"dlq-message", "/dlq/message?queue=" + q + "&id=" + msgs[5000].Message.ID},
+		{"dlq-message", "/dlq/message?queue=" + q + "&id=" + msgs[len(msgs)/2].Message.ID},
 		{"api-overview", "/api/overview"},
 	}
 	client := &http.Client{}
@@ -101,5 +107,5 @@ FROM generate_series(1, 1000000) g`)
 				float64(runs[len(runs)/2].Microseconds())/1000, float64(runs[len(runs)-1].Microseconds())/1000, len(runs))
 		}
 	}
-	b.Logf("page timings, 1,000,000 outbox rows, 100,000 parked, 10,000 dead:\n%s", report)
+	b.Logf("page timings on %s, 1,000,000 outbox rows, 100,000 parked, %d dead:\n%s", brokerName, dead, report)
 }

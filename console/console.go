@@ -67,8 +67,10 @@ type Config struct {
 	// Logger receives the audit lines of the actions and the errors;
 	// nil discards them.
 	Logger *slog.Logger
-	// DLQCacheTTL is how long a DLQ reading is kept (the DLQ is read
-	// whole from the broker). Defaults to 5 s (DefaultDLQCacheTTL).
+	// DLQCacheTTL is how long a DLQ reading is served as it is (the DLQ
+	// is read whole from the broker); an older one is served while the
+	// DLQ is read again in the background. Defaults to 5 s
+	// (DefaultDLQCacheTTL).
 	DLQCacheTTL time.Duration
 }
 
@@ -99,6 +101,8 @@ type Console struct {
 	mu    sync.Mutex
 	dlqs  map[string]broker.DeadLetterQueue
 	cache map[string]*dlqReading
+	reads map[string]bool      // background readings under way
+	acted map[string]time.Time // when an action last changed a DLQ
 }
 
 // dlqReading is one reading of a DLQ, kept Config.DLQCacheTTL.
@@ -130,7 +134,7 @@ func New(cfg Config) (*Console, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Console{cfg: cfg, log: log, pages: map[string]*template.Template{},
-		dlqs: map[string]broker.DeadLetterQueue{}, cache: map[string]*dlqReading{}}
+		dlqs: map[string]broker.DeadLetterQueue{}, cache: map[string]*dlqReading{}, reads: map[string]bool{}, acted: map[string]time.Time{}}
 	for _, p := range []string{"overview", "outbox", "row", "dlq", "message", "confirm", "done", "story", "error", "login"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+p+".html")
 		if err != nil {
@@ -382,16 +386,47 @@ func (c *Console) dlq(queue string) (broker.DeadLetterQueue, error) {
 	return d, nil
 }
 
-// reading returns the DLQ of queue as last read, reading it again when
-// the reading is older than DLQCacheTTL or fresh is set.
+// reading returns the DLQ of queue as last read. A reading older than
+// DLQCacheTTL is returned as it is while one goroutine reads the DLQ
+// again in the background (a DLQ is read whole from the broker, seconds
+// for thousands of messages); the first reading, and one asked for with
+// fresh, is waited for.
 func (c *Console) reading(ctx context.Context, queue string, fresh bool) *dlqReading {
 	c.mu.Lock()
 	rd := c.cache[queue]
 	c.mu.Unlock()
-	if rd != nil && !fresh && time.Since(rd.at) < c.cfg.DLQCacheTTL {
+	switch {
+	case rd != nil && !fresh && time.Since(rd.at) < c.cfg.DLQCacheTTL:
+		return rd
+	case rd != nil && !fresh:
+		c.refresh(context.WithoutCancel(ctx), queue, true)
 		return rd
 	}
-	rd = &dlqReading{at: time.Now()}
+	return c.refresh(ctx, queue, false)
+}
+
+// refresh reads the DLQ of queue and keeps the reading; in background,
+// it starts the read unless one is under way and returns nil.
+func (c *Console) refresh(ctx context.Context, queue string, background bool) *dlqReading {
+	if background {
+		c.mu.Lock()
+		busy := c.reads[queue]
+		c.reads[queue] = true
+		c.mu.Unlock()
+		if busy {
+			return nil
+		}
+		go func() {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			c.refresh(rctx, queue, false)
+			c.mu.Lock()
+			delete(c.reads, queue)
+			c.mu.Unlock()
+		}()
+		return nil
+	}
+	rd := &dlqReading{at: time.Now()}
 	d, err := c.dlq(queue)
 	if err == nil {
 		rd.msgs, err = d.List(ctx, 0)
@@ -401,7 +436,10 @@ func (c *Console) reading(ctx context.Context, queue string, fresh bool) *dlqRea
 	}
 	rd.err = err
 	c.mu.Lock()
-	c.cache[queue] = rd
+	// A reading begun before an action changed the DLQ is not kept.
+	if rd.at.After(c.acted[queue]) {
+		c.cache[queue] = rd
+	}
 	c.mu.Unlock()
 	return rd
 }
@@ -410,5 +448,6 @@ func (c *Console) reading(ctx context.Context, queue string, fresh bool) *dlqRea
 func (c *Console) forget(queue string) {
 	c.mu.Lock()
 	delete(c.cache, queue)
+	c.acted[queue] = time.Now()
 	c.mu.Unlock()
 }

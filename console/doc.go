@@ -28,12 +28,14 @@
 // is fetched from elsewhere, reading works with JavaScript off, and the
 // script only refreshes the overview's figures (GET api/overview, JSON).
 // Lists are paged and say how many items there are in all; a count above
-// 10,000 outbox rows is the planner's estimate and the page says so.
+// 10,000 outbox rows is the planner's estimate and the page says so
+// (outbox.ReadBacklog, outbox.ListRows).
 //
 // The DLQ pages read a queue's whole DLQ through
 // broker.DeadLetterQueue.List (the broker is the record of what is dead)
-// and keep that reading for Config.DLQCacheTTL; the page says when it
-// was read, and an action or "read again" reads it afresh.
+// and serve that reading for Config.DLQCacheTTL, then serve it while it is
+// read again in the background; the page says when it was read, and an
+// action or "read again" reads it afresh (and waits for it).
 //
 // # Safety
 //

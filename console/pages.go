@@ -111,6 +111,7 @@ type bar struct {
 
 type overviewData struct {
 	Stats                    outbox.Stats
+	Estimated                bool
 	Rates                    []outbox.RatePoint
 	Bars                     []bar
 	Published, Handled, Dead int64
@@ -123,7 +124,7 @@ type overviewData struct {
 
 func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 	ctx := r.Context()
-	st, err := outbox.ReadStats(ctx, c.cfg.Pool)
+	bl, err := outbox.ReadBacklog(ctx, c.cfg.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +132,7 @@ func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &overviewData{Stats: st, Rates: rates, Alert: "not configured in this process"}
+	d := &overviewData{Stats: bl.Stats, Estimated: bl.Estimated, Rates: rates, Alert: "not configured in this process"}
 	if c.cfg.Alert != nil {
 		d.Alert = c.cfg.Alert.State().String()
 	}
@@ -191,7 +192,7 @@ func (c *Console) apiOverview(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{
 		"unprocessed": d.Stats.Unprocessed, "oldest": dur(d.Stats.OldestUnprocessedAge), "scheduled": d.Stats.Scheduled,
-		"parked": d.Stats.Parked, "published_15m": d.Published, "handled_15m": d.Handled, "dead_15m": d.Dead, "dlq": dead,
+		"parked": d.Stats.Parked, "estimated": d.Estimated, "published_15m": d.Published, "handled_15m": d.Handled, "dead_15m": d.Dead, "dlq": dead,
 	})
 }
 

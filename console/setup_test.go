@@ -77,7 +77,9 @@ func setup(t testing.TB, brokerName string, cfg console.Config) *bundle {
 		bu.queue = ex + ".jobs"
 		topo := broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: bu.queue, Bindings: []string{"job.run"}, RetryDelays: []time.Duration{time.Second}}}}
 		p, err := ferry.New(ferry.Config{Pool: pool, Broker: b, Topology: topo, Relay: &outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
-			Workers: []worker.Config{{Queue: bu.queue, Policy: worker.BackoffPolicy{MaxAttempts: 2, Delays: []time.Duration{time.Second}},
+			// Concurrency 2: testenv's pools hold 4 connections, and a
+			// failing handler's worker needs two at once (see the report).
+			Workers: []worker.Config{{Queue: bu.queue, Concurrency: 2, Policy: worker.BackoffPolicy{MaxAttempts: 2, Delays: []time.Duration{time.Second}},
 				Handler: func(_ context.Context, _ pgx.Tx, m *broker.Message) error {
 					if bu.failing.Load() {
 						return worker.Permanent(errors.New("handler refuses <b>this</b> message"))

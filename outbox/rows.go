@@ -141,7 +141,9 @@ func rowsWhere(f RowFilter) (string, []any, error) {
 		conds = append(conds, "partition_key = "+arg(f.Key))
 	}
 	if f.AppID != "" {
-		conds = append(conds, "headers ? 'x-app-id' AND headers->>'x-app-id' = "+arg(f.AppID))
+		// The ids first, from outbox_app_id_idx (an app id has few
+		// rows), so the planner never walks the id order filtering on it.
+		conds = append(conds, "id = ANY(ARRAY(SELECT id FROM outbox WHERE headers ? 'x-app-id' AND headers->>'x-app-id' = "+arg(f.AppID)+" LIMIT 10000))")
 	}
 	if f.ErrorContains != "" {
 		conds = append(conds, "strpos(lower(COALESCE(last_error, '')), "+arg(strings.ToLower(f.ErrorContains))+") > 0")
@@ -181,27 +183,11 @@ func ListRows(ctx context.Context, pool *pgxpool.Pool, f RowFilter) (RowPage, er
 		return fmt.Errorf("outbox: list rows: %w", err)
 	}
 	var page RowPage
-	// Count: exactly up to countCap, else the planner's estimate.
-	n := len(args)
-	cargs := append(append([]any{}, args...), countCap+1)
-	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM outbox WHERE %s LIMIT $%d) s`, where, n+1), cargs...).Scan(&page.Total); err != nil {
+	page.Total, page.Estimated, err = countCapped(ctx, pool, where, args)
+	if err != nil {
 		return RowPage{}, wrap(err)
 	}
-	if page.Total > countCap {
-		var plan []byte
-		if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox WHERE "+where, args...).Scan(&plan); err != nil {
-			return RowPage{}, wrap(err)
-		}
-		var p []struct {
-			Plan struct {
-				Rows float64 `json:"Plan Rows"`
-			} `json:"Plan"`
-		}
-		if err := json.Unmarshal(plan, &p); err == nil && len(p) == 1 {
-			page.Total = max(int64(p[0].Plan.Rows), countCap+1)
-		}
-		page.Estimated = true
-	}
+	n := len(args)
 	largs := append(append([]any{}, args...), f.AfterID, limit+1)
 	rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT id, destination, event_type, partition_key, COALESCE(headers->>'x-app-id', ''),
 	attempts, COALESCE(last_error, ''), occurred_at, next_attempt_at
@@ -226,6 +212,99 @@ FROM outbox WHERE %s AND id > $%d ORDER BY id LIMIT $%d`, where, n+1, n+2), larg
 		page.Next = page.Rows[limit-1].ID
 	}
 	return page, nil
+}
+
+// countCapped counts the outbox rows of where exactly up to countCap;
+// beyond, it returns the planner's estimate and true.
+func countCapped(ctx context.Context, pool *pgxpool.Pool, where string, args []any) (int64, bool, error) {
+	var n int64
+	cargs := append(append([]any{}, args...), countCap+1)
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM outbox WHERE %s LIMIT $%d) s`, where, len(args)+1), cargs...).Scan(&n); err != nil {
+		return 0, false, err
+	}
+	if n <= countCap {
+		return n, false, nil
+	}
+	var plan []byte
+	if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox WHERE "+where, args...).Scan(&plan); err != nil {
+		return 0, false, err
+	}
+	var p []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		} `json:"Plan"`
+	}
+	if err := json.Unmarshal(plan, &p); err == nil && len(p) == 1 {
+		n = max(int64(p[0].Plan.Rows), countCap+1)
+	}
+	return n, true, nil
+}
+
+// Backlog is a Stats snapshot whose counts are capped, for a page that
+// must answer quickly on any backlog: each of Unprocessed, Scheduled and
+// Parked, per destination, is exact up to 10,000 and the planner's
+// estimate beyond, which Estimated says. ReadStats counts exactly.
+type Backlog struct {
+	Stats
+	// Estimated is true when any count is an estimate.
+	Estimated bool
+}
+
+// ReadBacklog reads a Backlog from the database of pool: the
+// destinations by a skip scan of outbox_unprocessed_dest_idx, each count
+// capped (see Backlog), the oldest age and the processed counts as
+// ReadStats reads them. It only reads.
+func ReadBacklog(ctx context.Context, pool *pgxpool.Pool) (Backlog, error) {
+	var b Backlog
+	if pool == nil {
+		return b, errors.New("outbox: backlog: pool is nil")
+	}
+	wrap := func(err error) error {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return ctxErr
+		}
+		return fmt.Errorf("outbox: backlog: %w", err)
+	}
+	var ageMS int64
+	if err := pool.QueryRow(ctx, statsSQL).Scan(&ageMS, &b.ProcessedLastMinute, &b.ProcessedLastHour); err != nil {
+		return Backlog{}, wrap(err)
+	}
+	b.OldestUnprocessedAge = max(time.Duration(ageMS)*time.Millisecond, 0)
+	rows, err := pool.Query(ctx, `WITH RECURSIVE dests(dest) AS (
+	SELECT min(destination) FROM outbox WHERE processed_at IS NULL
+	UNION ALL
+	SELECT (SELECT min(destination) FROM outbox WHERE processed_at IS NULL AND destination > d.dest)
+	FROM dests d WHERE d.dest IS NOT NULL
+) SELECT dest FROM dests WHERE dest IS NOT NULL ORDER BY dest`)
+	if err != nil {
+		return Backlog{}, wrap(err)
+	}
+	dests, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return Backlog{}, wrap(err)
+	}
+	// The same partitions as destinationsSQL's.
+	parts := []string{
+		"processed_at IS NULL AND destination = $1 AND occurred_at <= now()",
+		"processed_at IS NULL AND destination = $1 AND occurred_at > now() AND attempts = 0",
+		"processed_at IS NULL AND destination = $1 AND attempts > 0",
+	}
+	for _, d := range dests {
+		ds := DestinationStats{Destination: d}
+		for i, where := range parts {
+			n, est, err := countCapped(ctx, pool, where, []any{d})
+			if err != nil {
+				return Backlog{}, wrap(err)
+			}
+			b.Estimated = b.Estimated || est
+			*[]*int64{&ds.Unprocessed, &ds.Scheduled, &ds.Parked}[i] = n
+		}
+		b.Destinations = append(b.Destinations, ds)
+		b.Unprocessed += ds.Unprocessed
+		b.Scheduled += ds.Scheduled
+		b.Parked += ds.Parked
+	}
+	return b, nil
 }
 
 // GetRow returns the outbox row id whole (payload and headers), published

@@ -23,6 +23,7 @@ import (
 
 	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/dlq"
 )
 
 // ErrInvalidConfig is wrapped by New's errors about its Config.
@@ -107,10 +108,11 @@ type Console struct {
 
 // dlqReading is one reading of a DLQ, kept Config.DLQCacheTTL.
 type dlqReading struct {
-	msgs  []broker.DeadMessage
-	where string
-	at    time.Time
-	err   error
+	msgs   []broker.DeadMessage
+	groups []dlq.Group // msgs grouped by last error
+	where  string
+	at     time.Time
+	err    error
 }
 
 // New returns the console of cfg. It returns an error wrapping
@@ -433,6 +435,7 @@ func (c *Console) refresh(ctx context.Context, queue string, background bool) *d
 	}
 	if err == nil {
 		rd.where, _ = d.Where(ctx)
+		rd.groups = dlq.GroupByReason(rd.msgs)
 	}
 	rd.err = err
 	c.mu.Lock()

@@ -406,7 +406,7 @@ func (c *Console) dlqPage(w http.ResponseWriter, r *http.Request) {
 	if rd.err != nil {
 		d.Err = rd.err.Error()
 	}
-	d.Groups = dlq.GroupByReason(rd.msgs)
+	d.Groups = rd.groups
 	f := c.dlqFilter(q)
 	d.Filtered = !f.Empty()
 	match := dlq.Match(rd.msgs, f)

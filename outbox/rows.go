@@ -111,7 +111,7 @@ type RowPage struct {
 
 // rowsWhere returns the WHERE clause of f and its arguments. Each state
 // matches a partial index: parked outbox_parked_idx, scheduled
-// outbox_waiting_dest_idx, pending outbox_ready_dest_idx (rows without
+// outbox_scheduled_idx, pending outbox_ready_dest_idx (rows without
 // next_attempt_at); a pending row may also carry a passed next_attempt_at
 // (a scheduled row now due), which the OR adds.
 func rowsWhere(f RowFilter) (string, []any, error) {
@@ -252,8 +252,9 @@ type Backlog struct {
 
 // ReadBacklog reads a Backlog from the database of pool: the
 // destinations by a skip scan of outbox_unprocessed_dest_idx, each count
-// capped (see Backlog), the oldest age and the processed counts as
-// ReadStats reads them. It only reads.
+// capped (see Backlog), the oldest age (among the 1000 lowest unprocessed
+// ids of each destination) and the processed counts as ReadStats reads
+// them. It only reads.
 func ReadBacklog(ctx context.Context, pool *pgxpool.Pool) (Backlog, error) {
 	var b Backlog
 	if pool == nil {
@@ -265,11 +266,15 @@ func ReadBacklog(ctx context.Context, pool *pgxpool.Pool) (Backlog, error) {
 		}
 		return fmt.Errorf("outbox: backlog: %w", err)
 	}
-	var ageMS int64
-	if err := pool.QueryRow(ctx, statsSQL).Scan(&ageMS, &b.ProcessedLastMinute, &b.ProcessedLastHour); err != nil {
+	// The processed counts as statsSQL reads them; the oldest age per
+	// destination below, with the destination a parameter so the planner
+	// walks that destination's rows (statsSQL's LATERAL may walk the
+	// primary key through every row of a large backlog).
+	if err := pool.QueryRow(ctx, `SELECT
+	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 minute'),
+	(SELECT count(*) FROM outbox WHERE processed_at IS NOT NULL AND processed_at > now() - interval '1 hour')`).Scan(&b.ProcessedLastMinute, &b.ProcessedLastHour); err != nil {
 		return Backlog{}, wrap(err)
 	}
-	b.OldestUnprocessedAge = max(time.Duration(ageMS)*time.Millisecond, 0)
 	rows, err := pool.Query(ctx, `WITH RECURSIVE dests(dest) AS (
 	SELECT min(destination) FROM outbox WHERE processed_at IS NULL
 	UNION ALL
@@ -286,10 +291,18 @@ func ReadBacklog(ctx context.Context, pool *pgxpool.Pool) (Backlog, error) {
 	// The same partitions as destinationsSQL's.
 	parts := []string{
 		"processed_at IS NULL AND destination = $1 AND occurred_at <= now()",
-		"processed_at IS NULL AND destination = $1 AND occurred_at > now() AND attempts = 0",
+		// Scheduled as destinationsSQL says (occurred_at > now()): the
+		// same rows, as enqueueSQL sets both to the due time.
+		"processed_at IS NULL AND destination = $1 AND attempts = 0 AND next_attempt_at IS NOT NULL AND next_attempt_at > now() AND occurred_at > now()",
 		"processed_at IS NULL AND destination = $1 AND attempts > 0",
 	}
 	for _, d := range dests {
+		var ageMS int64
+		if err := pool.QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)) * 1000, 0)::bigint
+FROM (SELECT occurred_at FROM outbox WHERE processed_at IS NULL AND destination = $1 AND occurred_at <= now() ORDER BY id LIMIT 1000) s`, d).Scan(&ageMS); err != nil {
+			return Backlog{}, wrap(err)
+		}
+		b.OldestUnprocessedAge = max(b.OldestUnprocessedAge, time.Duration(ageMS)*time.Millisecond)
 		ds := DestinationStats{Destination: d}
 		for i, where := range parts {
 			n, est, err := countCapped(ctx, pool, where, []any{d})

@@ -1,7 +1,9 @@
 # ferry's developer commands. `make test` is what CI runs (.ci/run).
 #
-#   make test       start the servers (compose/local/services.sh up), point the
-#                   tests at them and run every package's tests, one at a time
+#   make test       start the servers (compose/local/services.sh up), install
+#                   chromium for the console's browser tests (compose/local/
+#                   chromium.sh), point the tests at them and run every
+#                   package's tests, one at a time
 #   make test-long  the tests too slow for CI: SQS FIFO's 5-minute
 #                   deduplication window, waited out on ElasticMQ and moto
 #   make test-cluster  the failover tests (internal/cluster) with long
@@ -26,7 +28,7 @@ DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 .PHONY: test test-long test-cluster tidy-check bench compare services services-down services-status demo build vet
 
 test: tidy-check
-	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
+	$(SERVICES) up && compose/local/chromium.sh >/dev/null && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
 
 # About 6 minutes: it waits out SQS FIFO's deduplication window, which
 # neither ElasticMQ nor moto can shorten (brokers/sqs/dedup_test.go).

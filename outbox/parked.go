@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,4 +65,18 @@ func parkedOp(ctx context.Context, pool *pgxpool.Pool, op, sql string, id int64)
 		p.NextAttemptAt = *next
 	}
 	return p, nil
+}
+
+// AuditParked writes the audit line of an operator's action on a parked
+// row, the same for the ferry command (ferry outbox retry|drop) and the
+// web console: an INFO line "outbox retry" or "outbox drop" (op is "retry"
+// or "drop") with the row's id, destination, type, attempts and
+// last_error, who acted (by) and when (at, RFC 3339, UTC). A nil log
+// writes nothing.
+func AuditParked(log *slog.Logger, op string, p ParkedRow, by string) {
+	if log == nil {
+		return
+	}
+	log.Info("outbox "+op, "id", p.ID, "destination", p.Destination, "type", p.Type, "attempts", p.Attempts, "last_error", p.LastError,
+		"by", by, "at", time.Now().UTC().Format(time.RFC3339))
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/console"
 	"github.com/ferrymq/ferry/worker"
 )
 
@@ -53,7 +54,8 @@ func demoCommand() *cli.Command {
 			"topology is declared on the broker; a broker it cannot reach stops it after 10s with the\n" +
 			"broker's last error. It exits 0 only when every accepted notification reached a final\n" +
 			"state (sent or dead).",
-		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), logFlags("warn"), []cli.Flag{
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), logFlags("warn"), consoleFlags(true), []cli.Flag{
+			&cli.BoolFlag{Name: flagConsoleHold, EnvVars: env("demo-console-hold"), Category: catConsole, Usage: "after the summary, keep the servers and the console running until interrupted (Ctrl-C)"},
 			&cli.StringFlag{Name: flagFile, Aliases: []string{"f"}, EnvVars: env("demo-file"), Usage: "NDJSON file, one POST /notifications body a line (default: a built-in sample of 55 lines)"},
 			&cli.DurationFlag{Name: flagTimeout, Value: 10 * time.Minute, EnvVars: env("demo-timeout"), Usage: "give up when not every notification reached a final state by then"},
 			&cli.IntFlag{Name: flagClients, Value: 8, EnvVars: env("demo-clients"), Usage: "concurrent HTTP clients posting the lines"},
@@ -151,6 +153,12 @@ func runDemo(c *cli.Context) error {
 	// A broker that stays unreachable fails the demo within seconds, with
 	// its own words, instead of after the whole --timeout.
 	st.brokerGiveUp = demoBrokerWait
+	res := &demoResult{rejected: map[string]int{}}
+	consoleURL := make(chan string, 1)
+	if st.console = loadConsoleOpts(c); st.console != nil {
+		st.console.ready = func(url string) { consoleURL <- url }
+		st.console.figures = demoFigures(st, res)
+	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runErr := make(chan error, 1)
@@ -172,10 +180,17 @@ func runDemo(c *cli.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
+	if st.console != nil {
+		select {
+		case url := <-consoleURL:
+			fmt.Fprintf(out, "ferry demo: console:  %s\n", url)
+		case <-time.After(5 * time.Second):
+			fmt.Fprintln(out, "ferry demo: console:  not listening yet (see the log)")
+		}
+	}
 	fmt.Fprintf(out, "ferry demo: posting %d line(s) of %s to http://%s/notifications\n", len(lines), inputName, apiAddr)
 
 	start := time.Now()
-	res := &demoResult{rejected: map[string]int{}}
 	postDone := make(chan struct{})
 	postCtx, stopPosting := context.WithCancel(runCtx)
 	defer stopPosting()
@@ -257,6 +272,25 @@ loop:
 	}
 	cancel()
 
+	if c.Bool(flagConsoleHold) && st.console != nil && ctx.Err() == nil {
+		sum.print(out, failure)
+		fmt.Fprintln(out, "ferry demo: the console keeps running (--console-hold); Ctrl-C stops it")
+		select {
+		case <-ctx.Done():
+		case err := <-runErr:
+			runErr = nil
+			if err != nil && failure == nil {
+				failure = fmt.Errorf("ferry demo: api, relay or worker stopped: %w", err)
+			}
+		}
+		stopRun()
+		if runErr != nil {
+			if err := <-runErr; err != nil && failure == nil {
+				failure = fmt.Errorf("ferry demo: shutdown: %w", err)
+			}
+		}
+		return failure
+	}
 	stopRun()
 	if runErr != nil {
 		if err := <-runErr; err != nil && failure == nil {
@@ -580,4 +614,30 @@ func clipText(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// demoFigures are the demo's figures on the console's overview: lines
+// posted, accepted and rejected by the API (with the reasons), and the
+// accepted notifications sent and dead (the notifications table).
+func demoFigures(st *stack, res *demoResult) func(ctx context.Context) ([]console.Figure, error) {
+	return func(ctx context.Context) ([]console.Figure, error) {
+		posted, accepted, rejected, ids := res.counts()
+		res.mu.Lock()
+		var why []string
+		for _, k := range sortedKeys(res.rejected) {
+			why = append(why, fmt.Sprintf("%d %s", res.rejected[k], k))
+		}
+		res.mu.Unlock()
+		var cnt demoCounts
+		if err := countFinal(ctx, st, ids, &cnt); err != nil {
+			return nil, fmt.Errorf("ferry demo: reading the notifications: %w", err)
+		}
+		return []console.Figure{
+			{Label: "posted", Value: int64(posted), Note: "lines posted to the API"},
+			{Label: "accepted", Value: int64(accepted), Note: "into the outbox"},
+			{Label: "rejected", Value: int64(rejected), Note: clipText(strings.Join(why, "; "), 200)},
+			{Label: "sent", Value: int64(cnt.sent), Note: "notifications sent"},
+			{Label: "dead", Value: int64(cnt.dead), Note: "notifications dead (see the DLQ)"},
+		}, nil
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/dlq"
 )
 
 const (
@@ -210,14 +211,9 @@ func dlqList(c *cli.Context) error {
 	if limit < 0 {
 		return usagef("--%s %d: must be 0 (all) or more", flagLimit, limit)
 	}
-	filter := strings.ToLower(c.String(flagErrorContains))
-	appIDs := map[string]bool{}
+	f := dlq.Filter{ErrorContains: c.String(flagErrorContains)}
 	for _, v := range c.StringSlice(flagAppID) {
-		for _, id := range strings.Split(v, ",") {
-			if id = strings.TrimSpace(id); id != "" {
-				appIDs[id] = true
-			}
-		}
+		f.AppIDs = append(f.AppIDs, splitList(v)...)
 	}
 	b, d, err := openDLQ(c, s, log)
 	if err != nil {
@@ -229,16 +225,7 @@ func dlqList(c *cli.Context) error {
 	if err != nil {
 		return dlqError(c, s, err)
 	}
-	var match []broker.DeadMessage
-	for _, m := range msgs {
-		if filter != "" && !strings.Contains(strings.ToLower(m.LastError), filter) {
-			continue
-		}
-		if len(appIDs) > 0 && !appIDs[m.Message.Headers[broker.HeaderAppID]] {
-			continue
-		}
-		match = append(match, m)
-	}
+	match := dlq.Match(msgs, f)
 	label := dlqLabel(c, s, d)
 	out := match
 	if limit > 0 && len(out) > limit {
@@ -248,7 +235,7 @@ func dlqList(c *cli.Context) error {
 		return writeDeadJSON(c.App.Writer, out)
 	}
 	writeDeadTable(c.App.Writer, out)
-	filtered := filter != "" || len(appIDs) > 0
+	filtered := !f.Empty()
 	switch {
 	case len(out) < len(match) && filtered:
 		fmt.Fprintf(c.App.Writer, "showing the oldest %d of %d matching dead message(s) (%d in the DLQ %s); --%s 0 lists all, --%s N more\n",
@@ -284,18 +271,8 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	return enc.Encode(items)
 }
 
-// firstFailed is when m's first attempt failed: broker.HeaderFirstFailedAt,
-// which the adapters set on the first retry, or, for a message
-// dead-lettered at its first failure (a permanent error, an invalid event:
-// it was never retried, and some adapters then set no such header), the
-// time it was dead-lettered, which is when that one attempt failed. Zero
-// when the DLQ knows neither.
-func firstFailed(m broker.DeadMessage) time.Time {
-	if !m.FirstFailedAt.IsZero() {
-		return m.FirstFailedAt
-	}
-	return m.DeadAt
-}
+// firstFailed is dlq.FirstFailed.
+func firstFailed(m broker.DeadMessage) time.Time { return dlq.FirstFailed(m) }
 
 func writeDeadTable(w io.Writer, msgs []broker.DeadMessage) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -376,25 +353,9 @@ func dlqReplay(c *cli.Context) error {
 		writeDeadTable(c.App.Writer, msgs)
 		return nil
 	}
-	// Read what is about to move so the audit log says what it was.
-	before, err := d.List(c.Context, 0)
-	if err != nil {
-		return dlqError(c, s, err)
-	}
 	label := dlqLabel(c, s, d)
-	byID := map[string]broker.DeadMessage{}
-	for _, m := range before {
-		byID[m.Message.ID] = m
-	}
-	done, err := d.Replay(c.Context, ids)
-	for _, id := range done {
-		m := byID[id]
-		attrs := []any{"id", id, "queue", s.queue, "by", who, "at", time.Now().UTC().Format(time.RFC3339)}
-		if m.Message != nil {
-			attrs = append(attrs, "type", m.Message.Type, "attempts", m.Message.Attempt, "last_error", m.LastError)
-		}
-		log.Info("dlq replay", attrs...)
-	}
+	// dlq.Replay reads what is about to move so the audit line says what it was.
+	done, err := dlq.Replay(c.Context, d, s.queue, ids, dlq.Actor{By: who, Log: log})
 	if err != nil {
 		if errors.Is(err, broker.ErrUnknownQueue) {
 			return dlqError(c, s, err)
@@ -430,11 +391,7 @@ func dlqPurge(c *cli.Context) error {
 	}
 	defer b.Close()
 	label := dlqLabel(c, s, d)
-	done, err := d.Purge(c.Context, ids)
-	who := operator()
-	for _, id := range done {
-		log.Info("dlq purge", "id", id, "queue", s.queue, "by", who, "at", time.Now().UTC().Format(time.RFC3339))
-	}
+	done, err := dlq.Purge(c.Context, d, s.queue, ids, dlq.Actor{By: operator(), Log: log})
 	if err != nil {
 		if errors.Is(err, broker.ErrUnknownQueue) {
 			return dlqError(c, s, err)
@@ -448,36 +405,9 @@ func dlqPurge(c *cli.Context) error {
 	return nil
 }
 
-func pick(msgs []broker.DeadMessage, ids []string) []broker.DeadMessage {
-	if ids == nil {
-		return msgs
-	}
-	want := map[string]bool{}
-	for _, id := range ids {
-		want[id] = true
-	}
-	var out []broker.DeadMessage
-	for _, m := range msgs {
-		if want[m.Message.ID] {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+func pick(msgs []broker.DeadMessage, ids []string) []broker.DeadMessage { return dlq.Pick(msgs, ids) }
 
-func notIn(ids, done []string) []string {
-	got := map[string]bool{}
-	for _, id := range done {
-		got[id] = true
-	}
-	var out []string
-	for _, id := range ids {
-		if !got[id] {
-			out = append(out, id)
-		}
-	}
-	return out
-}
+func notIn(ids, done []string) []string { return dlq.Missing(ids, done) }
 
 func listSuffix(ids []string) string {
 	if len(ids) == 0 || len(ids) > 20 {

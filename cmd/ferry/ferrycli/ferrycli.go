@@ -6,7 +6,8 @@
 // Commands: migrate, api, relay, worker, run (api+relay+worker in one
 // process), demo, dlq list|replay|purge, replay --since (brokers with the
 // Replay capability: Kafka), outbox stats|retry|drop, jobs get|list|cancel
-// (find, inspect and cancel a job), bench (the broker comparison
+// (find, inspect and cancel a job), console (the web console of package
+// console; run and demo serve it too, on --console-addr), bench (the broker comparison
 // of package bench/suite), version and help. A flag can also be set by an environment
 // variable (the README's "Flags" states the rule, and readme_test.go
 // checks it): FERRY_<FLAG_NAME> (for example --database-url and
@@ -143,6 +144,7 @@ func NewApp(stdout, stderr io.Writer) *cli.App {
 			replayCommand(),
 			outboxCommand(),
 			jobsCommand(),
+			consoleCommand(),
 			benchCommand(),
 			benchChildCommand(),
 			versionCommand(),
@@ -378,7 +380,7 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run api, relay and worker in one process (embedded servers for what the flags leave out)",
-		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), logFlags("")),
+		Flags: concat(databaseFlags(true), brokerFlags(true, declareQueueType), brokerLimitFlags(true), topologyFlags(), destinationFlags(), apiFlags(DefaultAddr), relayFlags(), workerFlags(), smtpFlags(true), shutdownFlags(), dataDirFlags(), metricsFlags(""), alertFlags(), consoleFlags(true), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")
 			if err != nil {
@@ -403,6 +405,9 @@ func runCommand() *cli.Command {
 					return ignoreStopped(c.Context, err)
 				}
 				defer st.close()
+				if st.console = loadConsoleOpts(c); st.console != nil {
+					st.console.ready = func(url string) { fmt.Fprintf(c.App.Writer, "ferry run: console: %s\n", url) }
+				}
 				return ignoreCanceled(c.Context, st.obs.withMetrics(c.Context, st.runAll))
 			})
 		},

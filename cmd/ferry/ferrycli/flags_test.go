@@ -32,10 +32,11 @@ var (
 	metricsNames     = []string{"metrics-addr", "otlp-endpoint"}
 	alertNames       = []string{"alert-threshold", "alert-for", "alert-interval", "alert-webhook-url",
 		"alert-telegram-token", "alert-telegram-chat-id", "alert-telegram-api-url"}
-	relayNames  = []string{"batch-size", "poll-interval", "relay-mode", "wal-slot", "retention"}
-	workerNames = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout"}
-	smtpNames   = []string{"smtp-addr", "smtp-timeout", "smtp-data-timeout"}
-	benchBroker = []string{"rabbitmq-url", "nats-url", "kafka-brokers", "sqs-endpoint", "aws-region"}
+	relayNames   = []string{"batch-size", "poll-interval", "relay-mode", "wal-slot", "retention"}
+	workerNames  = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout"}
+	smtpNames    = []string{"smtp-addr", "smtp-timeout", "smtp-data-timeout"}
+	consoleNames = []string{"console-addr", "console-token", "console-read-only"}
+	benchBroker  = []string{"rabbitmq-url", "nats-url", "kafka-brokers", "sqs-endpoint", "aws-region"}
 )
 
 func names(sets ...[]string) []string {
@@ -60,9 +61,10 @@ var usedFlags = map[string][]string{
 	"worker": names([]string{"database-url"}, brokerConnNames, brokerLimitNames, topologyNames, workerNames, smtpNames, []string{"shutdown-timeout"},
 		metricsNames, logFlagNames),
 	"run": names([]string{"database-url", "destination"}, brokerConnNames, brokerLimitNames, topologyNames, []string{"addr", "debug-fail-after-outbox"}, relayNames,
-		workerNames, smtpNames, []string{"shutdown-timeout", "data-dir"}, metricsNames, alertNames, logFlagNames),
+		workerNames, smtpNames, []string{"shutdown-timeout", "data-dir"}, metricsNames, alertNames, consoleNames, logFlagNames),
 	"demo": names([]string{"database-url", "destination"}, brokerConnNames, brokerLimitNames, topologyNames, relayNames, workerNames, smtpNames,
-		[]string{"shutdown-timeout", "data-dir"}, logFlagNames, []string{"file", "timeout", "clients"}),
+		[]string{"shutdown-timeout", "data-dir"}, logFlagNames, consoleNames, []string{"console-hold", "file", "timeout", "clients"}),
+	"console":          names([]string{"database-url", "addr", "console-token", "console-read-only", "shutdown-timeout"}, brokerConnNames, []string{"exchange", "queue"}, logFlagNames),
 	"dlq":              nil,
 	"dlq list":         names(brokerConnNames, []string{"exchange", "queue"}, logFlagNames, []string{"limit", "error-contains", "app-id", "format"}),
 	"dlq replay":       names(slices.DeleteFunc(slices.Clone(brokerConnNames), isQueueType), []string{"exchange", "queue"}, logFlagNames, []string{"id", "all", "dry-run"}),
@@ -226,7 +228,7 @@ func TestHelpSaysWhatTheCommandDoes(t *testing.T) {
 // The listen addresses default to loopback like every other address of
 // ferry; 0.0.0.0 must be asked for.
 func TestListenDefaultsAreLoopback(t *testing.T) {
-	for _, addr := range []string{ferrycli.DefaultAddr, ferrycli.DefaultRelayMetricsAddr, ferrycli.DefaultWorkerMetricsAddr} {
+	for _, addr := range []string{ferrycli.DefaultAddr, ferrycli.DefaultRelayMetricsAddr, ferrycli.DefaultWorkerMetricsAddr, ferrycli.DefaultConsoleAddr} {
 		host, _, err := net.SplitHostPort(addr)
 		require.NoError(t, err)
 		require.True(t, net.ParseIP(host).IsLoopback(), "%s listens beyond loopback", addr)

@@ -98,8 +98,7 @@ func outboxParked(c *cli.Context, op string) error {
 		if err != nil {
 			return fmt.Errorf("ferry: outbox %s: %d done before the error: %w", op, len(done), err)
 		}
-		log.Info("outbox "+op, "id", p.ID, "destination", p.Destination, "type", p.Type, "attempts", p.Attempts, "last_error", p.LastError,
-			"by", who, "at", time.Now().UTC().Format(time.RFC3339))
+		outbox.AuditParked(log, op, p, who)
 		done = append(done, strconv.FormatInt(id, 10))
 	}
 	verb := map[string]string{"retry": "made due now", "drop": "dropped"}[op]

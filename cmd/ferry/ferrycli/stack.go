@@ -55,6 +55,8 @@ type stack struct {
 	// obs adds metrics, tracing and the stuck-outbox alert; nil changes
 	// nothing.
 	obs *observability
+	// console, when set, makes runAll serve the web console too.
+	console *consoleOpts
 	// schemaChecked is set once checkSchema passed with the app's tables,
 	// so run checks once for its three roles.
 	schemaChecked bool
@@ -497,6 +499,9 @@ func (st *stack) runAll(ctx context.Context) error {
 	})
 	g.Go(func() error { return st.runRelay(gctx) })
 	g.Go(func() error { return st.runWorker(gctx) })
+	if st.console != nil {
+		g.Go(func() error { return st.runConsole(gctx, st.console) })
+	}
 	return g.Wait()
 }
 

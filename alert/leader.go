@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // LockClassID is the first key of the session-level advisory lock the
@@ -384,4 +385,73 @@ func nullTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// Stored is an alert's state as its leader last wrote it to ferry_alerts,
+// for a process that does not run the alert (the web console, an
+// operator's tool).
+type Stored struct {
+	// Name is the alert's name (Config.Name).
+	Name string
+	// State is the rule's state when the leader last wrote it.
+	State State
+	// Since is when the backlog went above the threshold; zero when
+	// Inactive.
+	Since time.Time
+	// FiredAt and ResolvedAt are the last firing and resolved
+	// transitions; zero when there was none.
+	FiredAt, ResolvedAt time.Time
+	// UpdatedAt is when a leader last wrote the row (the database
+	// server's clock); a leader writes it on every transition, and every
+	// Interval while Pending or Firing, so an old UpdatedAt with State
+	// Pending or Firing means no leader runs now.
+	UpdatedAt time.Time
+}
+
+// ReadStored returns the state of the alert named name (DefaultName when
+// empty) that a leader on pool's database last stored. found is false,
+// with a nil error, when no leader has stored one yet (the table
+// ferry_alerts or its row does not exist). Errors are the database's,
+// wrapped.
+func ReadStored(ctx context.Context, pool *pgxpool.Pool, name string) (st Stored, found bool, err error) {
+	if name == "" {
+		name = DefaultName
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, TableName).Scan(&exists); err != nil {
+		return Stored{}, false, fmt.Errorf("alert: read %s: %w", TableName, err)
+	}
+	if !exists {
+		return Stored{}, false, nil
+	}
+	var (
+		state                  string
+		since, fired, resolved *time.Time
+	)
+	st.Name = name
+	err = pool.QueryRow(ctx, `SELECT state, since, fired_at, resolved_at, updated_at FROM ferry_alerts WHERE name = $1`, name).
+		Scan(&state, &since, &fired, &resolved, &st.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Stored{}, false, nil
+	}
+	if err != nil {
+		return Stored{}, false, fmt.Errorf("alert: read %s: %w", TableName, err)
+	}
+	switch state {
+	case "pending":
+		st.State = Pending
+	case "firing":
+		st.State = Firing
+	default:
+		st.State = Inactive
+	}
+	for _, p := range []struct {
+		dst *time.Time
+		src *time.Time
+	}{{&st.Since, since}, {&st.FiredAt, fired}, {&st.ResolvedAt, resolved}} {
+		if p.src != nil {
+			*p.dst = *p.src
+		}
+	}
+	return st, true, nil
 }

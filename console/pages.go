@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/dlq"
 	"github.com/ferrymq/ferry/outbox"
@@ -132,9 +134,9 @@ func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &overviewData{Stats: bl.Stats, Estimated: bl.Estimated, Rates: rates, Alert: "not configured in this process"}
-	if c.cfg.Alert != nil {
-		d.Alert = c.cfg.Alert.State().String()
+	d := &overviewData{Stats: bl.Stats, Estimated: bl.Estimated, Rates: rates}
+	if d.Alert, err = c.alertState(ctx); err != nil {
+		return nil, err
 	}
 	if c.cfg.Figures != nil {
 		if d.Figures, err = c.cfg.Figures(ctx); err != nil {
@@ -650,4 +652,25 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: c.cfg.Token, Path: c.cfg.Prefix + "/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: 12 * 3600})
 	http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
+}
+
+// alertState describes the stuck-outbox alert: the state of Config.Alert
+// when this process runs it, else the state its leader (a relay or run on
+// this database) last stored in ferry_alerts, with when.
+func (c *Console) alertState(ctx context.Context) (string, error) {
+	if c.cfg.Alert != nil {
+		return c.cfg.Alert.State().String() + " (run by this process)", nil
+	}
+	st, found, err := alert.ReadStored(ctx, c.cfg.Pool, "")
+	if err != nil {
+		return "", err
+	}
+	if !found {
+		return "not run: no relay on this database has stored a state", nil
+	}
+	s := st.State.String()
+	if st.State != alert.Inactive && !st.Since.IsZero() {
+		s += ", backlog above the threshold since " + st.Since.UTC().Format("2006-01-02 15:04:05 UTC")
+	}
+	return s + "; stored by the alert's leader at " + st.UpdatedAt.UTC().Format("2006-01-02 15:04:05 UTC"), nil
 }

@@ -1,0 +1,52 @@
+package console_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/alert"
+	"github.com/ferrymq/ferry/console"
+)
+
+// TestOverviewShowsStoredAlertState: a console that does not run the
+// stuck-outbox alert (ferry console, beside the relays) shows the state the
+// alert's leader on the same database last stored: nothing stored yet
+// says so, then a firing alert reads "firing" with since when.
+func TestOverviewShowsStoredAlertState(t *testing.T) {
+	bu := setup(t, "", console.Config{Token: testToken})
+	c := newClient(t, bu.base)
+	code, body, _ := c.get("/")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "not run: no relay on this database has stored a state")
+
+	// A relay's alert on the same database: a backlog above the threshold
+	// for longer than For fires.
+	a, err := alert.New(alert.Config{
+		Threshold: 1, For: time.Millisecond, Interval: 10 * time.Millisecond, Pool: bu.pool,
+		Source: func(context.Context) (int, time.Duration, error) { return 5, time.Minute, nil },
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for a.State() != alert.Firing && ctx.Err() == nil {
+		a.Check(ctx)
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Equal(t, alert.Firing, a.State())
+
+	st, found, err := alert.ReadStored(ctx, bu.pool, "")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, alert.Firing, st.State)
+	require.False(t, st.Since.IsZero())
+	require.False(t, st.FiredAt.IsZero())
+
+	code, body, _ = c.get("/")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "firing, backlog above the threshold since")
+	require.Contains(t, body, "stored by the alert&#39;s leader at")
+}

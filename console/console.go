@@ -59,7 +59,8 @@ type Config struct {
 	// is outside it get 404.
 	Prefix string
 	// Alert, when set, is the stuck-outbox alert whose state the
-	// overview shows.
+	// overview shows; when nil the overview shows the state the alert's
+	// leader on Pool's database last stored (alert.ReadStored).
 	Alert *alert.Alert
 	// Figures, when set, adds the application's own figures to the
 	// overview (e.g. the notification service's sent, rejected and dead

@@ -76,14 +76,11 @@ func runConsoleCommand(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := openStack(c.Context, s, log, false)
+	st, err := openMigratedStack(c.Context, s, log)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-	if err := st.checkSchema(c.Context, false); err != nil {
-		return err
-	}
 	// The same connection as the dlq commands': it declares nothing.
 	b, _, err := openDLQ(c, s, log)
 	if err != nil {

@@ -80,15 +80,7 @@ func jobsStack(c *cli.Context, level string) (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStack(c.Context, s, log, false)
-	if err != nil {
-		return nil, err
-	}
-	if err := st.checkSchema(c.Context, false); err != nil {
-		st.close()
-		return nil, err
-	}
-	return st, nil
+	return openMigratedStack(c.Context, s, log)
 }
 
 func checkFormat(c *cli.Context) (string, error) {

@@ -75,14 +75,11 @@ func outboxParked(c *cli.Context, op string) error {
 	if err != nil {
 		return err
 	}
-	st, err := openStack(c.Context, s, log, false)
+	st, err := openMigratedStack(c.Context, s, log)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-	if err := st.checkSchema(c.Context, false); err != nil {
-		return err
-	}
 	fn := outbox.RetryParked
 	if op == "drop" {
 		fn = outbox.DropParked
@@ -153,16 +150,11 @@ func outboxStats(c *cli.Context) error {
 	if format != "table" && format != "json" {
 		return usagef("--%s %q: want table or json", flagFormat, format)
 	}
-	st, err := openStack(c.Context, s, log, false)
+	st, err := openMigratedStack(c.Context, s, log)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-	// The same check as the relay's: on a database without the outbox
-	// table, "run ferry migrate first" rather than the raw SQLSTATE 42P01.
-	if err := st.checkSchema(c.Context, false); err != nil {
-		return err
-	}
 	stats, err := outbox.ReadStats(c.Context, st.pool)
 	if err != nil {
 		return fmt.Errorf("ferry: outbox stats: %w", err)
@@ -257,14 +249,11 @@ func outboxWALReset(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := openStack(c.Context, s, log, false)
+	st, err := openMigratedStack(c.Context, s, log)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-	if err := st.checkSchema(c.Context, false); err != nil {
-		return err
-	}
 	slot := s.walSlot
 	if slot == "" {
 		slot = outbox.DefaultSlotName(s.destination)

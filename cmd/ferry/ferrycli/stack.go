@@ -163,6 +163,22 @@ func checkBrokerFlags(c *cli.Context, s *settings, embedded bool) error {
 	return checkBroker(name, s.brokerOpts)
 }
 
+// openMigratedStack is openStack without migrating, for the operator
+// commands (outbox, jobs, console): it refuses a database without ferry's
+// schema with the relay's error ("run ferry migrate first") rather than
+// the raw SQLSTATE 42P01 of the first query.
+func openMigratedStack(ctx context.Context, s *settings, log *slog.Logger) (*stack, error) {
+	st, err := openStack(ctx, s, log, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.checkSchema(ctx, false); err != nil {
+		st.close()
+		return nil, err
+	}
+	return st, nil
+}
+
 // openStack connects to the database (pool sized for the worker's
 // concurrency and the relay) and builds the notification service. With
 // migrate it applies the outbox's and the app's migrations first.

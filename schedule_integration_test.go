@@ -22,8 +22,8 @@ type reminder struct {
 // TestScheduledOnEveryBroker is the documented contract of scheduled
 // events (package doc, "Scheduled events") with the default relay and
 // worker settings: 200 events due at random times spread over a minute
-// are each handled no earlier than due and not a whole retry of polls
-// late (at most 5 s, ten poll intervals: a bound on a relay that misses
+// are each handled no earlier than due and at most 5 s after (ten poll
+// intervals: a bound on a relay that misses
 // its wake-ups, not a speed figure; the average and worst lateness are
 // printed, about 0.5 s here, and a loaded 2-core CI machine once took
 // 1.1 s); the

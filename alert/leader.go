@@ -403,36 +403,54 @@ type Stored struct {
 	FiredAt, ResolvedAt time.Time
 	// UpdatedAt is when a leader last wrote the row (the database
 	// server's clock); a leader writes it on every transition, and every
-	// Interval while Pending or Firing, so an old UpdatedAt with State
-	// Pending or Firing means no leader runs now.
+	// Interval while Pending or Firing. Zero when no row was stored (a
+	// leader that has only seen the backlog at or below the threshold
+	// stores nothing).
 	UpdatedAt time.Time
+	// Leader reports whether a process holds the alert's leader lock now
+	// (pg_locks: the advisory lock LockClassID, LockObjID(Name)), that
+	// is whether some relay on this database runs the alert.
+	Leader bool
 }
 
+// leaderHeld reports whether a session holds the leader lock of the alert
+// named name on the current database. pg_locks shows the two int4 keys of
+// pg_try_advisory_lock(int4, int4) as classid and objid (oids, so the
+// keys' unsigned values) with objsubid 2.
+const leaderHeld = `SELECT EXISTS (SELECT 1 FROM pg_locks
+	WHERE locktype = 'advisory' AND granted AND objsubid = 2
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND classid = $1::bigint::oid AND objid = $2::bigint::oid)`
+
 // ReadStored returns the state of the alert named name (DefaultName when
-// empty) that a leader on pool's database last stored. found is false,
-// with a nil error, when no leader has stored one yet (the table
-// ferry_alerts or its row does not exist). Errors are the database's,
-// wrapped.
+// empty) that a leader on pool's database last stored, and whether a
+// leader runs now (Stored.Leader). found is false, with a nil error,
+// when no leader has stored a state (the table ferry_alerts or its row
+// does not exist): the rule is then Inactive if st.Leader, not run at
+// all otherwise. Errors are the database's, wrapped.
 func ReadStored(ctx context.Context, pool *pgxpool.Pool, name string) (st Stored, found bool, err error) {
 	if name == "" {
 		name = DefaultName
+	}
+	st.Name = name
+	if err := pool.QueryRow(ctx, leaderHeld, int64(uint32(LockClassID)), int64(uint32(LockObjID(name)))).Scan(&st.Leader); err != nil {
+		return Stored{}, false, fmt.Errorf("alert: read the leader lock: %w", err)
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, TableName).Scan(&exists); err != nil {
 		return Stored{}, false, fmt.Errorf("alert: read %s: %w", TableName, err)
 	}
 	if !exists {
-		return Stored{}, false, nil
+		return st, false, nil
 	}
 	var (
 		state                  string
 		since, fired, resolved *time.Time
 	)
-	st.Name = name
 	err = pool.QueryRow(ctx, `SELECT state, since, fired_at, resolved_at, updated_at FROM ferry_alerts WHERE name = $1`, name).
 		Scan(&state, &since, &fired, &resolved, &st.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Stored{}, false, nil
+		return st, false, nil
 	}
 	if err != nil {
 		return Stored{}, false, fmt.Errorf("alert: read %s: %w", TableName, err)

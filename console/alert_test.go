@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,18 +21,26 @@ func TestOverviewShowsStoredAlertState(t *testing.T) {
 	c := newClient(t, bu.base)
 	code, body, _ := c.get("/")
 	require.Equal(t, 200, code, body)
-	require.Contains(t, body, "not run: no relay on this database has stored a state")
+	require.Contains(t, body, "not run: no relay on this database runs the alert now")
 
-	// A relay's alert on the same database: a backlog above the threshold
-	// for longer than For fires.
+	// A relay's alert on the same database leads, the backlog at the
+	// threshold: nothing is stored, yet the rule runs.
+	var backlog atomic.Int64
 	a, err := alert.New(alert.Config{
 		Threshold: 1, For: time.Millisecond, Interval: 10 * time.Millisecond, Pool: bu.pool,
-		Source: func(context.Context) (int, time.Duration, error) { return 5, time.Minute, nil },
+		Source: func(context.Context) (int, time.Duration, error) { return int(backlog.Load()), time.Minute, nil },
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = a.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	a.Check(ctx)
+	require.True(t, a.Leading())
+	_, body, _ = c.get("/")
+	require.Contains(t, body, "inactive (a relay on this database leads the alert; the backlog has not gone above its threshold)")
+
+	// Above the threshold for longer than For: firing.
+	backlog.Store(5)
 	for a.State() != alert.Firing && ctx.Err() == nil {
 		a.Check(ctx)
 		time.Sleep(5 * time.Millisecond)
@@ -44,9 +53,17 @@ func TestOverviewShowsStoredAlertState(t *testing.T) {
 	require.Equal(t, alert.Firing, st.State)
 	require.False(t, st.Since.IsZero())
 	require.False(t, st.FiredAt.IsZero())
+	require.True(t, st.Leader)
 
 	code, body, _ = c.get("/")
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, "firing, backlog above the threshold since")
-	require.Contains(t, body, "stored by the alert&#39;s leader at")
+	require.Contains(t, body, "(a relay on this database leads the alert); stored by the alert&#39;s leader at")
+
+	// The leader stops: the stored state stays, and the page says no one
+	// runs the rule now.
+	require.NoError(t, a.Close())
+	_, body, _ = c.get("/")
+	require.Contains(t, body, "firing, backlog above the threshold since")
+	require.Contains(t, body, "(no relay on this database runs the alert now)")
 }

@@ -665,12 +665,20 @@ func (c *Console) alertState(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	lead := "a relay on this database leads the alert"
+	if !st.Leader {
+		lead = "no relay on this database runs the alert now"
+	}
 	if !found {
-		return "not run: no relay on this database has stored a state", nil
+		if st.Leader {
+			return "inactive (" + lead + "; the backlog has not gone above its threshold)", nil
+		}
+		return "not run: " + lead, nil
 	}
 	s := st.State.String()
 	if st.State != alert.Inactive && !st.Since.IsZero() {
 		s += ", backlog above the threshold since " + st.Since.UTC().Format("2006-01-02 15:04:05 UTC")
 	}
+	s += " (" + lead + ")"
 	return s + "; stored by the alert's leader at " + st.UpdatedAt.UTC().Format("2006-01-02 15:04:05 UTC"), nil
 }

@@ -54,6 +54,15 @@ var (
 	// package documentation) to the polling relay and lets the next start
 	// create a new slot.
 	ErrSlotLost = errors.New("outbox: wal relay: replication slot lost")
+	// ErrSlotActive is returned by ResetWALSlot when a relay streams from
+	// the slot now: resetting under it would hand its unconfirmed events
+	// to the polling side while it publishes them too. Stop the WAL relays
+	// of the destination first.
+	ErrSlotActive = errors.New("outbox: wal reset: a relay streams from the slot")
+	// ErrNoSlot is returned by ResetWALSlot when there is neither such a
+	// replication slot nor a WAL relay's registration of it: nothing to
+	// reset (check --wal-slot and --destination).
+	ErrNoSlot = errors.New("outbox: wal reset: no such slot")
 )
 
 // DefaultSlotName returns the replication slot (and publication) name of a
@@ -238,7 +247,7 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	}
 	lost := func(what string) error {
 		return fmt.Errorf("%w: slot %q %s after the relay began streaming from it, so the WAL of the events committed meanwhile may be gone; "+
-			"run `ferry outbox wal-reset --slot=%s` (outbox.ResetWALSlot): it hands the events not yet confirmed to the polling relay, and the next start creates a new slot "+
+			"run `ferry outbox wal-reset --wal-slot=%s --yes` (outbox.ResetWALSlot): it hands the events not yet confirmed to the polling relay, and the next start creates a new slot "+
 			"(keep the slot from falling behind: max_slot_wal_keep_size, the ferry_outbox_wal_retained_bytes metric)", ErrSlotLost, slot, what, slot)
 	}
 	switch {
@@ -307,14 +316,18 @@ UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_a
 var errSlotCreating = errors.New("outbox: wal relay: another relay is creating the slot")
 
 // ResetWALSlot is the way back from ErrSlotLost: it drops the slot
-// registration (and the slot, when it still exists and no relay streams
-// from it) and hands every outbox row of destination read from the WAL
-// and not yet confirmed (next_attempt_at NULL, still in the table) to the
-// polling relay, which publishes them in id order (a key's events keep
-// their order among themselves, not across the reset). The next WAL relay
-// start creates a new slot. It returns the number of rows handed over.
+// registration (and the slot, when it still exists) and hands every outbox
+// row of destination read from the WAL and not yet confirmed
+// (next_attempt_at NULL, still in the table) to the polling relay, which
+// publishes them in id order (a key's events keep their order among
+// themselves, not across the reset). The next WAL relay start creates a
+// new slot. It returns the number of rows handed over; ErrSlotActive
+// (naming the server process) while a relay streams from the slot, with
+// nothing changed, and ErrNoSlot when neither the slot nor its
+// registration exists.
 func ResetWALSlot(ctx context.Context, q interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
 }, slot, destination string) (int64, error) {
 	if destination == "" {
 		destination = DefaultDestination
@@ -322,8 +335,33 @@ func ResetWALSlot(ctx context.Context, q interface {
 	if slot == "" {
 		slot = DefaultSlotName(destination)
 	}
-	if _, err := q.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, slot); err != nil {
-		return 0, fmt.Errorf("outbox: wal reset: drop slot %q: %w", slot, err)
+	var exists, active, registered bool
+	var pid *int32
+	err := q.QueryRow(ctx, `SELECT
+	EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1),
+	coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false),
+	(SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1),
+	EXISTS (SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1)`, slot).Scan(&exists, &active, &pid, &registered)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: wal reset: read slot %q: %w", slot, err)
+	}
+	switch {
+	case active:
+		p := "?"
+		if pid != nil {
+			p = fmt.Sprint(*pid)
+		}
+		return 0, fmt.Errorf("%w: slot %q is streamed now (server process %s): stop the WAL relays of destination %q, then reset", ErrSlotActive, slot, p, destination)
+	case !exists && !registered:
+		return 0, fmt.Errorf("%w: %q (neither a replication slot nor a WAL relay's registration; check --wal-slot and --destination)", ErrNoSlot, slot)
+	}
+	if exists {
+		// NOT active again: a relay that began streaming since the check
+		// keeps its slot (the check narrows that race; stopping the
+		// relays first, as ErrSlotActive says, closes it).
+		if _, err := q.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, slot); err != nil {
+			return 0, fmt.Errorf("outbox: wal reset: drop slot %q: %w", slot, err)
+		}
 	}
 	tag, err := q.Exec(ctx, `WITH d AS (DELETE FROM outbox_wal_slots WHERE slot_name = $1)
 UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_at IS NULL AND next_attempt_at IS NULL`, slot, destination)
@@ -413,7 +451,7 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 			case "42704": // undefined_object: dropped between ensureSlot and here
 				return batchResult{}, r.ensureSlot(ctx)
 			case "55000": // object_not_in_prerequisite_state: invalidated
-				return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --slot=%s` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
+				return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --wal-slot=%s --yes` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
 			}
 		}
 		return batchResult{err: fmt.Errorf("outbox: wal relay: start replication: %w", err), outage: true, dbFault: true}, nil
@@ -452,7 +490,7 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 	if rerr != nil {
 		var pe *pgconn.PgError
 		if errors.As(rerr, &pe) && (pe.Code == "42704" || pe.Code == "55000") {
-			return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --slot=%s` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
+			return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --wal-slot=%s --yes` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
 		}
 		return batchResult{err: fmt.Errorf("outbox: wal relay: stream: %w", rerr), outage: true, dbFault: true}, nil
 	}

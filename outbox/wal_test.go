@@ -213,7 +213,7 @@ func TestWALRelayDroppedSlot(t *testing.T) {
 	select {
 	case err := <-done:
 		require.ErrorIs(t, err, outbox.ErrSlotLost)
-		require.ErrorContains(t, err, "ferry outbox wal-reset --slot="+slot)
+		require.ErrorContains(t, err, "ferry outbox wal-reset --wal-slot="+slot+" --yes")
 		require.ErrorContains(t, err, "dropped")
 	case <-time.After(60 * time.Second):
 		t.Fatal("Run did not stop on the dropped slot")
@@ -448,4 +448,41 @@ func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 		require.Equal(t, "hv-"+k, m.Headers["h"], "id %s", id)
 	}
 	_ = ctx
+}
+
+// ResetWALSlot refuses a slot a relay streams from now (resetting under it
+// would hand its unconfirmed events to the polling side while it publishes
+// them too) and changes nothing; a slot that does not exist at all is
+// ErrNoSlot, not a reset "done".
+func TestResetWALSlotRefusesActiveAndMissing(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	slot := walSlot(t)
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, PollInterval: 100 * time.Millisecond})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	waitStreaming(t, rg.pool, slot)
+
+	_, err := outbox.ResetWALSlot(ctx, rg.pool, slot, "")
+	require.ErrorIs(t, err, outbox.ErrSlotActive)
+	require.ErrorContains(t, err, "stop the WAL relays")
+	var registered, exists bool
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1),
+		EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)`, slot).Scan(&registered, &exists))
+	require.True(t, registered, "the registration is kept")
+	require.True(t, exists, "the slot is kept and still streamed")
+	ids := enqueue(t, rg.pool, events(3, "test.reset")...)
+	receiveOrdered(t, rg.b, rg.queue, len(ids), 0) // the relay streams on
+
+	cancel()
+	require.NoError(t, <-done)
+	// Stopped: the reset goes through.
+	_, err = outbox.ResetWALSlot(ctx, rg.pool, slot, "")
+	require.NoError(t, err)
+	_, err = outbox.ResetWALSlot(ctx, rg.pool, slot, "")
+	require.ErrorIs(t, err, outbox.ErrNoSlot, "reset twice: nothing left to reset")
+	_, err = outbox.ResetWALSlot(ctx, rg.pool, "ferry_nowhere", "")
+	require.ErrorIs(t, err, outbox.ErrNoSlot)
 }

@@ -57,6 +57,7 @@ func checkCases(t *testing.T, cases []cliCase) {
 // notifications.send, an empty --nats-url dialled 127.0.0.1:4222).
 func TestEmptyFlagValuesRefused(t *testing.T) {
 	const anyIface = "want host:port; 0.0.0.0:PORT listens on every interface"
+	const consoleAddr = "want host:port (port 0: a free port, printed) or off; 0.0.0.0:PORT listens on every interface"
 	checkCases(t, []cliCase{
 		{nil, []string{"api", "--addr", ""}, 2, `ferry: usage: --addr "": ` + anyIface},
 		{nil, []string{"run", "--addr="}, 2, `ferry: usage: --addr "": ` + anyIface},
@@ -74,6 +75,13 @@ func TestEmptyFlagValuesRefused(t *testing.T) {
 		{nil, []string{"worker", "--rabbitmq-queue-type="}, 2, `ferry: usage: --rabbitmq-queue-type "": want classic or quorum`},
 		{nil, []string{"migrate", "--database-url="}, 2, `ferry: usage: --database-url "": want a PostgreSQL URL, postgres://user:password@host:port/database`},
 		{nil, []string{"demo", "--smtp-addr="}, 2, `ferry: usage: --smtp-addr "": want host:port`},
+		// The console's address: empty listened on every interface.
+		{nil, []string{"run", "--console-addr="}, 2, `ferry: usage: --console-addr "": ` + consoleAddr},
+		{[]string{"FERRY_CONSOLE_ADDR="}, []string{"demo"}, 2, `ferry: usage: --console-addr "": ` + consoleAddr + " ($FERRY_CONSOLE_ADDR is set to it)"},
+		// ferry console's --addr is --console-addr: FERRY_CONSOLE_ADDR, not the API's FERRY_ADDR.
+		{[]string{"FERRY_CONSOLE_ADDR="}, []string{"console"}, 2, `ferry: usage: --console-addr "": ` + consoleAddr + " ($FERRY_CONSOLE_ADDR is set to it)"},
+		{nil, []string{"console", "--addr="}, 2, `ferry: usage: --console-addr "": ` + consoleAddr},
+		{[]string{"FERRY_RELAY_MODE="}, []string{"relay"}, 2, `ferry: usage: --relay-mode "": want poll or wal ($FERRY_RELAY_MODE is set to it)`},
 	})
 	code, out, errOut := runBinaryEnv(t, nil, "api", "--help")
 	require.Equal(t, 0, code, errOut)
@@ -91,6 +99,14 @@ func TestFlagValueErrorsNameTheFlag(t *testing.T) {
 		{nil, []string{"worker", "--smtp-addr", "nohostport"}, 2, `ferry: usage: --smtp-addr "nohostport": want host:port such as 127.0.0.1:1025`},
 		{nil, []string{"worker", "--smtp-addr", "127.0.0.1:0"}, 2, `ferry: usage: --smtp-addr "127.0.0.1:0": port must be 1..65535`},
 		{nil, []string{"api", "--addr", "3000"}, 2, `ferry: usage: --addr "3000": want host:port; 0.0.0.0:PORT listens on every interface`},
+		// Refused before any server starts (the demo used to start its
+		// embedded servers, run its API, then fail to listen: exit 1).
+		{nil, []string{"demo", "--console-addr", "nonsense"}, 2,
+			`ferry: usage: --console-addr "nonsense": want host:port (port 0: a free port, printed) or off; 0.0.0.0:PORT listens on every interface`},
+		{nil, []string{"run", "--console-addr", "127.0.0.1:99999"}, 2,
+			`ferry: usage: --console-addr "127.0.0.1:99999": want host:port (port 0: a free port, printed) or off; 0.0.0.0:PORT listens on every interface`},
+		{nil, []string{"console", "--addr", "127.0.0.1:99999"}, 2,
+			`ferry: usage: --console-addr "127.0.0.1:99999": want host:port (port 0: a free port, printed) or off; 0.0.0.0:PORT listens on every interface`},
 		{nil, []string{"relay", "--exchange", "bad name with spaces"}, 2,
 			`ferry: usage: --exchange "bad name with spaces": want letters, digits, '-', '_' or '.'`},
 		{nil, []string{"worker", "--queue", "a/b"}, 2, `ferry: usage: --queue "a/b": want letters, digits, '-', '_' or '.'`},

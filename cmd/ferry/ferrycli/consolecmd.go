@@ -46,7 +46,11 @@ func consoleCommand() *cli.Command {
 		Usage: "serve the web console: outbox backlog and rates, parked rows, the DLQ of --queue grouped by last error, a job's story; " +
 			"retry/drop and replay/purge with --console-token",
 		Flags: concat(databaseFlags(false), dlqFlags("info", true),
-			[]cli.Flag{&cli.StringFlag{Name: flagAddr, Value: DefaultConsoleAddr, EnvVars: env(flagAddr), Category: catConsole, Usage: "listen address (loopback by default)"}},
+			// --console-addr (FERRY_CONSOLE_ADDR, as for run and demo), --addr
+			// for short; not the API's --addr and FERRY_ADDR: one variable,
+			// one meaning.
+			[]cli.Flag{&cli.StringFlag{Name: flagConsoleAddr, Aliases: []string{flagAddr}, Value: DefaultConsoleAddr, EnvVars: env(flagConsoleAddr), Category: catConsole,
+				Usage: "listen address, host:port (loopback by default); an empty value is refused"}},
 			consoleFlags(false), shutdownFlags()),
 		Action: runConsoleCommand,
 	}
@@ -87,7 +91,7 @@ func runConsoleCommand(c *cli.Context) error {
 		return err
 	}
 	defer b.Close()
-	o := &consoleOpts{addr: s.addr, token: c.String(flagConsoleToken), readOnly: c.Bool(flagConsoleReadOnly),
+	o := &consoleOpts{addr: c.String(flagConsoleAddr), token: c.String(flagConsoleToken), readOnly: c.Bool(flagConsoleReadOnly),
 		ready: func(url string) { fmt.Fprintf(c.App.Writer, "ferry console: %s\n", url) }}
 	return ignoreCanceled(c.Context, st.serveConsole(c.Context, o, b, s.exchange, s.queue))
 }

@@ -36,6 +36,8 @@ var nonEmptyFlags = map[string]string{
 	flagQueue:           "want a queue name: letters, digits, '-', '_' or '.'",
 	flagAddr:            "want host:port; 0.0.0.0:PORT listens on every interface",
 	flagSMTPAddr:        "want host:port",
+	flagRelayMode:       "want poll or wal",
+	flagConsoleAddr:     "want host:port (port 0: a free port, printed) or off; 0.0.0.0:PORT listens on every interface",
 }
 
 // checkFlagValues refuses, with a usage error naming the flag, the values
@@ -58,16 +60,27 @@ func checkFlagValues(c *cli.Context, s *settings) error {
 		if strings.TrimSpace(v) != "" && (name != flagKafkaBrokers || len(splitList(v)) > 0) {
 			continue
 		}
-		if e := env(name)[0]; os.Getenv(e) == v {
+		e := env(name)[0]
+		if sf, ok := f.(*cli.StringFlag); ok && len(sf.EnvVars) > 0 {
+			e = sf.EnvVars[0] // console's --addr reads FERRY_CONSOLE_ADDR
+		}
+		if os.Getenv(e) == v {
 			if _, set := os.LookupEnv(e); set {
 				want += " ($" + e + " is set to it)"
 			}
 		}
 		return usagef("--%s %q: %s", name, v, want)
 	}
-	if hasFlag(c, flagAddr) {
-		if _, _, err := net.SplitHostPort(s.addr); err != nil {
+	if hasPrimaryFlag(c, flagAddr) {
+		if err := checkListenAddr(s.addr); err != nil {
 			return usagef("--%s %q: %s", flagAddr, s.addr, nonEmptyFlags[flagAddr])
+		}
+	}
+	if hasFlag(c, flagConsoleAddr) {
+		if v := c.String(flagConsoleAddr); v != "off" || c.Command.Name == "console" {
+			if err := checkListenAddr(v); err != nil {
+				return usagef("--%s %q: %s", flagConsoleAddr, v, nonEmptyFlags[flagConsoleAddr])
+			}
 		}
 	}
 	if hasFlag(c, flagSMTPAddr) {
@@ -97,6 +110,34 @@ func checkFlagValues(c *cli.Context, s *settings) error {
 	}
 	if hasFlag(c, flagBatchSize) && s.batchSize > outbox.MaxBatchSize {
 		return usagef("--%s %d: want 1..%d", flagBatchSize, s.batchSize, outbox.MaxBatchSize)
+	}
+	return nil
+}
+
+// hasPrimaryFlag reports whether c's command has a flag named name, not
+// counting aliases (ferry console's --console-addr is also --addr, which
+// is not the API's --addr).
+func hasPrimaryFlag(c *cli.Context, name string) bool {
+	if c.Command == nil {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		if f.Names()[0] == name {
+			return true
+		}
+	}
+	return false
+}
+
+// checkListenAddr refuses a listen address net.Listen would refuse only
+// once the servers run: not host:port, or a port outside 0..65535.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("port %q is not 0..65535", port)
 	}
 	return nil
 }

@@ -85,12 +85,20 @@ func runConsoleCommand(c *cli.Context) error {
 		return err
 	}
 	defer st.close()
-	// The same connection as the dlq commands': it declares nothing.
+	// The same connection as the dlq commands': it declares nothing. A
+	// broker that does not answer (an outage, when the page matters most)
+	// leaves the outbox pages up and the DLQ pages off; a wrong setting
+	// (a flag, the credentials, an unknown queue) stops here.
 	b, _, err := openDLQ(c, s, log)
-	if err != nil {
+	switch {
+	case err == nil:
+		defer b.Close()
+	case isUsageError(err) || namesFlag(err) || broker.IsPermanent(err) || errors.Is(err, broker.ErrUnknownQueue):
 		return err
+	default:
+		log.Warn("console: the broker does not answer; serving the outbox pages, the DLQ pages are off until ferry console is started again", "error", err)
+		b = nil
 	}
-	defer b.Close()
 	o := &consoleOpts{addr: c.String(flagConsoleAddr), token: c.String(flagConsoleToken), readOnly: c.Bool(flagConsoleReadOnly),
 		ready: func(url string) { fmt.Fprintf(c.App.Writer, "ferry console: %s\n", url) }}
 	return ignoreCanceled(c.Context, st.serveConsole(c.Context, o, b, s.exchange, s.queue))

@@ -150,7 +150,7 @@ func brokerFlags(embedded bool, queueTypeUsage string) []cli.Flag {
 	}
 	return []cli.Flag{
 		b,
-		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Category: catBroker, Usage: "RabbitMQ URL, or the URLs of a cluster's nodes separated by commas (each connection moves to the next node when it loses one; several URLs default the queues to quorum) (--broker rabbitmq)"},
+		&cli.StringFlag{Name: flagRabbitMQURL, Value: DefaultRabbitMQURL, EnvVars: env(flagRabbitMQURL), Category: catBroker, Usage: "RabbitMQ URL, or the URLs of a cluster's nodes separated by commas (each connection moves to the next node when it loses one; on a cluster also give --rabbitmq-queue-type quorum) (--broker rabbitmq)"},
 		&cli.StringFlag{Name: flagRabbitQueueType, Value: rabbitmq.QueueTypeClassic, EnvVars: env(flagRabbitQueueType), Category: catBroker, Usage: queueTypeUsage},
 		nats,
 		&cli.StringFlag{Name: flagKafkaBrokers, Value: DefaultKafkaBrokers, EnvVars: env(flagKafkaBrokers), Category: catBroker, Usage: "Kafka bootstrap brokers, a comma list of host:port (--broker kafka)"},

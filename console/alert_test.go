@@ -67,3 +67,20 @@ func TestOverviewShowsStoredAlertState(t *testing.T) {
 	require.Contains(t, body, "firing, backlog above the threshold since")
 	require.Contains(t, body, "(no relay on this database runs the alert now)")
 }
+
+// With a WAL relay on the database (its slot registered in
+// outbox_wal_slots), the overview says that published rows are deleted,
+// so its published count and the stories cover only the polling side;
+// it used to show "Published 28" beside "Handled 968" unexplained.
+func TestOverviewSaysWhatWALModeCannotShow(t *testing.T) {
+	bu := setup(t, "", console.Config{Token: testToken})
+	c := newClient(t, bu.base)
+	_, body, _ := c.get("/")
+	require.NotContains(t, body, "A WAL relay publishes from this database")
+	_, err := bu.pool.Exec(bu.ctx, `INSERT INTO outbox_wal_slots (slot_name, destination, publication) VALUES ('ferry_default', 'default', 'ferry_default')`)
+	require.NoError(t, err)
+	_, body, _ = c.get("/")
+	require.Contains(t, body, "A WAL relay publishes from this database (slot ferry_default)")
+	_, body, _ = c.get("/story?q=no-such-app-id")
+	require.Contains(t, body, "a WAL relay runs here")
+}

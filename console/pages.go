@@ -120,8 +120,11 @@ type overviewData struct {
 	Peak                     int64
 	Queues                   []queueSummary
 	Alert                    string
-	Figures                  []Figure
-	FiguresErr               string
+	// WALSlots names the WAL relays' slots on this database: their rows
+	// are deleted once published, which the page says.
+	WALSlots   []string
+	Figures    []Figure
+	FiguresErr string
 }
 
 func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
@@ -136,6 +139,9 @@ func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 	}
 	d := &overviewData{Stats: bl.Stats, Estimated: bl.Estimated, Rates: rates}
 	if d.Alert, err = c.alertState(ctx); err != nil {
+		return nil, err
+	}
+	if d.WALSlots, err = c.walSlots(ctx); err != nil {
 		return nil, err
 	}
 	if c.cfg.Figures != nil {
@@ -626,6 +632,9 @@ func (c *Console) storyPage(w http.ResponseWriter, r *http.Request) {
 		}
 		if len(d.Jobs) == 0 {
 			d.Err = fmt.Sprintf("no job has the message id or app id %q (rows deleted by the relay's retention are not searched)", q)
+			if slots, err := c.walSlots(ctx); err == nil && len(slots) > 0 {
+				d.Err = fmt.Sprintf("no job has the message id or app id %q (a WAL relay runs here: it deletes each row once the broker confirms it, so only the rows still in the outbox, those published by the polling side and the workers' records are searched)", q)
+			}
 		}
 	}
 	c.render(w, r, http.StatusOK, "story", "Story", d)
@@ -681,4 +690,18 @@ func (c *Console) alertState(ctx context.Context) (string, error) {
 	}
 	s += " (" + lead + ")"
 	return s + "; stored by the alert's leader at " + st.UpdatedAt.UTC().Format("2006-01-02 15:04:05 UTC"), nil
+}
+
+// walSlots returns the slot names of the WAL relays registered on the
+// database (outbox.ListWALStats), none when no relay ran in WAL mode.
+func (c *Console) walSlots(ctx context.Context) ([]string, error) {
+	ws, err := outbox.ListWALStats(ctx, c.cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, w := range ws {
+		names = append(names, w.Slot)
+	}
+	return names, nil
 }

@@ -230,7 +230,7 @@ func relayFlags() []cli.Flag {
 		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction, 1.." + strconv.Itoa(outbox.MaxBatchSize)},
 		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Category: catRelay, Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY, a Go duration such as 500ms or 2s"},
 		&cli.StringFlag{Name: flagRelayMode, Aliases: []string{"mode"}, Value: outbox.RelayModePoll, EnvVars: env(flagRelayMode), Category: catRelay,
-			Usage: "how the relay reads the outbox: poll (claims and marks rows) or wal (reads the inserts from PostgreSQL's WAL by logical replication; needs wal_level=logical and a role with REPLICATION, see the README, \"WAL relay\")"},
+			Usage: "how the relay reads the outbox: poll (claims and marks rows) or wal (reads the inserts from PostgreSQL's WAL by logical replication; needs wal_level=logical and a role with REPLICATION, see the README, \"The WAL relay\")"},
 	}, walSlotFlags()...), relayFlagsTail()...)
 }
 

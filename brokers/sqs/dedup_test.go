@@ -62,7 +62,7 @@ func newDedupRig(t *testing.T, srv sqsServer) *dedupRig {
 	cfg := config()
 	cfg.Endpoint = srv.endpoint
 	cfg.FIFO = true
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := ctxFor(t, 90*time.Second) // a bound on a hung server: moto, one Python process serving the package's parallel tests, once took over 30 s to answer ListQueues on a loaded machine
 	sb, err := sqs.New(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sb.Close() })

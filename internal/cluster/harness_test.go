@@ -111,7 +111,7 @@ type rig struct {
 	pool  *pgxpool.Pool
 	topo  broker.Topology
 	queue string
-	logs  *lockedBuffer
+	logs  *testenv.LockedBuffer
 
 	mu        sync.Mutex
 	committed []int64 // sequence numbers whose Enqueue committed
@@ -122,25 +122,6 @@ type rig struct {
 	redelivered atomic.Int64 // deliveries with Attempt > 1
 	handled     atomic.Int64
 	dead        atomic.Int64 // deliveries dead-lettered
-}
-
-// lockedBuffer collects the logs of the adapters, relay and worker; they
-// are printed when a test fails.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 const effectsSQL = `CREATE TABLE IF NOT EXISTS effects (
@@ -160,7 +141,7 @@ func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log
 	_, err := pool.Exec(ctx, effectsSQL)
 	require.NoError(t, err)
 	ex := strings.ReplaceAll(testenv.UniqueName("failover"), ".", "-")
-	rg := &rig{t: t, pool: pool, queue: ex + "-work", logs: &lockedBuffer{},
+	rg := &rig{t: t, pool: pool, queue: ex + "-work", logs: &testenv.LockedBuffer{},
 		topo: broker.Topology{Exchange: ex, Queues: []broker.Queue{{Name: ex + "-work", Bindings: []string{"ev.#"}}}}}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("FERRY_CLUSTER_LOGS") != "" {

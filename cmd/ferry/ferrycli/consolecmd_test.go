@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,7 +40,7 @@ func TestConsoleServesWithTheBrokerDown(t *testing.T) {
 	cmd.Env = childEnv()
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	errOut := &lockedBuffer{}
+	errOut := &testenv.LockedBuffer{}
 	cmd.Stderr = errOut
 	require.NoError(t, cmd.Start())
 	defer func() {
@@ -69,23 +68,4 @@ func TestConsoleServesWithTheBrokerDown(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(errOut.String(), "the DLQ pages are off")
 	}, 10*time.Second, 50*time.Millisecond, "the log says why the DLQ pages are off: %s", errOut.String())
-}
-
-// lockedBuffer is a strings.Builder a child's stderr copier writes while
-// the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -71,7 +71,7 @@ func checkFlagValues(c *cli.Context, s *settings) error {
 		}
 		return usagef("--%s %q: %s", name, v, want)
 	}
-	if hasPrimaryFlag(c, flagAddr) {
+	if hasFlag(c, flagAddr) {
 		if err := checkListenAddr(s.addr); err != nil {
 			return usagef("--%s %q: %s", flagAddr, s.addr, nonEmptyFlags[flagAddr])
 		}
@@ -112,21 +112,6 @@ func checkFlagValues(c *cli.Context, s *settings) error {
 		return usagef("--%s %d: want 1..%d", flagBatchSize, s.batchSize, outbox.MaxBatchSize)
 	}
 	return nil
-}
-
-// hasPrimaryFlag reports whether c's command has a flag named name, not
-// counting aliases (ferry console's --console-addr is also --addr, which
-// is not the API's --addr).
-func hasPrimaryFlag(c *cli.Context, name string) bool {
-	if c.Command == nil {
-		return false
-	}
-	for _, f := range c.Command.Flags {
-		if f.Names()[0] == name {
-			return true
-		}
-	}
-	return false
 }
 
 // checkListenAddr refuses a listen address net.Listen would refuse only

@@ -531,16 +531,16 @@ func loadSettings(c *cli.Context) (*settings, error) {
 	return s, nil
 }
 
-// hasFlag reports whether the running command defines the flag name.
+// hasFlag reports whether the running command defines the flag name,
+// by its name, not an alias (ferry console's --console-addr is also
+// spelt --addr, which is not the API's --addr).
 func hasFlag(c *cli.Context, name string) bool {
 	if c.Command == nil {
 		return false
 	}
 	for _, f := range c.Command.Flags {
-		for _, n := range f.Names() {
-			if n == name {
-				return true
-			}
+		if f.Names()[0] == name {
+			return true
 		}
 	}
 	return false

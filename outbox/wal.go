@@ -431,11 +431,7 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 	if err != nil {
 		return batchResult{err: fmt.Errorf("outbox: wal relay: connect: %w", err), outage: true, dbFault: true}, nil
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = conn.Close(cctx)
-		cancel()
-	}()
+	defer r.closeReplication(conn)
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Slot + "'"}})
 	if err != nil {
@@ -495,6 +491,33 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 		return batchResult{err: fmt.Errorf("outbox: wal relay: stream: %w", rerr), outage: true, dbFault: true}, nil
 	}
 	return batchResult{}, nil
+}
+
+// closeReplication closes the replication connection and waits (up to 5 s)
+// until the server's walsender for it has exited and so released the slot:
+// PostgreSQL ends that process asynchronously after the client's Terminate,
+// and until then the slot reads as active (pg_replication_slots.active), so
+// a standby relay's START_REPLICATION or an operator's ResetWALSlot right
+// after Run returned would be refused with "in use". A database that does
+// not answer ends the wait early; the server frees the slot on its own.
+func (r *Relay) closeReplication(conn *pgconn.PgConn) {
+	pid := conn.PID()
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = conn.Close(cctx)
+	for {
+		var held bool
+		err := r.cfg.Pool.QueryRow(cctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)`, r.cfg.Slot, int32(pid)).Scan(&held)
+		if err != nil || !held {
+			return
+		}
+		select {
+		case <-cctx.Done():
+			r.log.Warn("outbox: wal relay: the server still holds the slot 5s after the replication connection closed", "slot", r.cfg.Slot, "server_pid", pid)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // walRead decodes the stream into transactions for the publisher and

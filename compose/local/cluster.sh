@@ -107,17 +107,34 @@ ports_nats_cluster() {
 	done
 }
 
-# JetStream needs its meta leader before a stream can be created: ready
-# when /healthz of every node says so and one of them names a leader.
+# JetStream needs its meta leader before a stream can be created, and a
+# stream of 3 replicas needs all 3 servers in the meta group ("no suitable
+# peers for placement", err_code 10005, otherwise): a server joins the meta
+# group a moment after its routes are up, so /healthz alone is too early.
+# Ready when every node's /jsz counts the whole cluster and names a leader,
+# and the leader sees every other peer current.
+nats_cl_meta_ready() {
+	local n body size=${#NODES[@]} current=0
+	for n in "${NODES[@]}"; do
+		body=$(http_body "$(cport nats-cluster "$n" monitor)" /jsz) || return 1
+		grep -qE "\"cluster_size\": *$size[,}[:space:]]" <<<"$body" || return 1
+		grep -qE '"leader": *"[^"]+"' <<<"$body" || return 1
+		# Only the leader knows whether its peers are current.
+		if grep -qE "\"leader\": *\"[^\"]*-n$n\"" <<<"$body"; then
+			current=$(grep -cE '"current": *true' <<<"$body" || true)
+		fi
+	done
+	[ "$current" -ge $((size - 1)) ]
+}
+
 ready_nats_cluster() {
 	local n
 	for n in "${NODES[@]}"; do wait_for nats-cluster "$n" nats_cl_ready "$n"; done
 	for _ in $(seq $((START_TIMEOUT * 4))); do
-		http_body "$(cport nats-cluster 1 monitor)" /jsz?leader-only=false | grep -q '"meta_cluster"' &&
-			http_body "$(cport nats-cluster 1 monitor)" /jsz | grep -qE '"leader": *"[^"]+"' && return 0
+		nats_cl_meta_ready && return 0
 		sleep 0.25
 	done
-	die "nats-cluster: no JetStream meta leader after ${START_TIMEOUT}s"
+	die "nats-cluster: JetStream's meta group has no leader with all ${#NODES[@]} servers after ${START_TIMEOUT}s"
 }
 
 env_nats_cluster() {

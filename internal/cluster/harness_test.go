@@ -476,6 +476,11 @@ func failover(t *testing.T, sys system) {
 	})
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
+			// Each fault starts on a whole cluster: `up` on running nodes
+			// starts none and waits until the cluster is ready (for NATS,
+			// every server back in JetStream's meta group), so that a node
+			// the last fault restarted is not still rejoining.
+			services(t, "up", sys.role)
 			pool, _ := testenv.NewPool(t)
 			rg := newRig(t, pool, sys.open, true)
 			rg.run(func(mark func()) { f.run(t, sys, rg, mark) })

@@ -30,6 +30,18 @@ type Config struct {
 	// the caller's ctx has no deadline, and is the time after which an
 	// unconfirmed asynchronous publish is given up. Defaults to 30 s.
 	PublishTimeout time.Duration
+	// PublishResend is how long Publish waits for a message's PubAck
+	// before it publishes the message again, with the same Nats-Msg-Id, and
+	// again at that interval until the PubAck comes, PublishTimeout ends or
+	// the resends would fall outside DuplicateWindow. A message that reached
+	// a stream leader which died before it answered gets no PubAck at all
+	// (nothing tells the client: its connection may be on another server),
+	// and without a resend the Publish waits out PublishTimeout; the new
+	// leader, elected within JetStream's Raft election timeout (4-9 s in
+	// nats-server), stores the resend, or drops it as a duplicate when the
+	// first copy was stored (https://docs.nats.io/using-nats/developer/develop_jetstream/model_deep_dive#message-deduplication).
+	// Defaults to 2 s; negative: never resend. At least 100 ms when set.
+	PublishResend time.Duration
 	// SettleTimeout bounds Ack, Retry, Extend and the Term of DeadLetter
 	// (each waits for the server's confirmation) when the caller's ctx has
 	// no deadline. Defaults to 10 s.
@@ -90,6 +102,9 @@ func (c Config) withDefaults() Config {
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 30 * time.Second
 	}
+	if c.PublishResend == 0 {
+		c.PublishResend = 2 * time.Second
+	}
 	if c.SettleTimeout == 0 {
 		c.SettleTimeout = 10 * time.Second
 	}
@@ -133,6 +148,8 @@ func (c Config) validate() error {
 		return bad("DuplicateWindow", "", "%v: must not be negative", c.DuplicateWindow)
 	case c.PublishTimeout < 0:
 		return bad("PublishTimeout", "", "%v: must not be negative", c.PublishTimeout)
+	case c.PublishResend > 0 && c.PublishResend < 100*time.Millisecond:
+		return bad("PublishResend", "", "%v: must be at least 100ms (or negative: never resend)", c.PublishResend)
 	case c.SettleTimeout < 0:
 		return bad("SettleTimeout", "", "%v: must not be negative", c.SettleTimeout)
 	case c.ReconnectWait < 0:

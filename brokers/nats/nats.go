@@ -481,16 +481,20 @@ func (b *natsBroker) healTopology(ctx context.Context, exchange, what string, se
 		return nil
 	}
 	// Only when something is missing: a stream that answers was not
-	// deleted, and re-declaring would not help.
-	if _, err := b.js.Stream(ctx, d.names.stream); err == nil {
+	// deleted, and re-declaring would not help. The look-ups are bounded
+	// by redeclareAttempt: a stream whose leader is being elected answers
+	// nothing (no responders, then silence), and declareMu is held.
+	lctx, lcancel := context.WithTimeout(ctx, redeclareAttempt)
+	defer lcancel()
+	if _, err := b.js.Stream(lctx, d.names.stream); err == nil {
 		missing := false
 		for _, q := range d.topology.Queues {
-			if _, err := b.js.Consumer(ctx, d.names.stream, d.queues[q.Name].consumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
+			if _, err := b.js.Consumer(lctx, d.names.stream, d.queues[q.Name].consumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
 				missing = true
 				break
 			}
 		}
-		if _, err := b.js.Stream(ctx, d.names.dlqStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := b.js.Stream(lctx, d.names.dlqStream); errors.Is(err, jetstream.ErrStreamNotFound) {
 			missing = true
 		}
 		if !missing {
@@ -532,11 +536,20 @@ func consumerFilters(cfg jetstream.ConsumerConfig) []string {
 	return f
 }
 
+// redeclareAttempt bounds one attempt of redeclare. It holds declareMu,
+// which a Publish or pull that found its stream missing (healTopology)
+// waits for: after a stream or meta leader's server died, a JetStream API
+// request sent before the new leader was elected is never answered, and a
+// long attempt held the relay that long (10 s in the failover tests)
+// although the next attempt, after the election (4-9 s in nats-server),
+// succeeds at once.
+const redeclareAttempt = 3 * time.Second
+
 // redeclare declares the remembered topology again after a reconnect (the
 // server may have lost its state). It retries until it succeeds, the
-// broker closes or a minute passes.
+// broker closes or two minutes pass.
 func (b *natsBroker) redeclare() {
-	for attempt := 0; attempt < 60; attempt++ {
+	for start := time.Now(); time.Since(start) < 2*time.Minute; {
 		b.mu.Lock()
 		closed := b.closed
 		var all []*declared
@@ -547,7 +560,7 @@ func (b *natsBroker) redeclare() {
 		if closed {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), redeclareAttempt)
 		b.declareMu.Lock()
 		var err error
 		for _, d := range all {

@@ -150,14 +150,34 @@ func (b *natsBroker) publishBatch(ctx context.Context, msgs []*broker.Message) e
 		}
 	}
 	// One wake-up per batch: the handlers close batch.done when the last
-	// message of the batch is settled.
+	// message of the batch is settled; every PublishResend the messages
+	// still without a PubAck are published again (see Config.PublishResend).
+	var resend <-chan time.Time
+	if b.cfg.PublishResend > 0 && stop == nil {
+		tick := time.NewTicker(b.cfg.PublishResend)
+		defer tick.Stop()
+		resend = tick.C
+	}
+	sent := time.Now()
 	var ctxErr error
-	select {
-	case <-batch.done:
-	case <-ctx.Done():
-		ctxErr = ctx.Err()
-	case <-b.closeCh:
-		ctxErr = broker.ErrClosed
+wait:
+	for {
+		select {
+		case <-batch.done:
+			break wait
+		case <-ctx.Done():
+			ctxErr = ctx.Err()
+			break wait
+		case <-b.closeCh:
+			ctxErr = broker.ErrClosed
+			break wait
+		case <-resend:
+			if time.Since(sent)+b.cfg.PublishResend >= b.cfg.DuplicateWindow {
+				resend = nil // a copy past the window would be stored twice
+				continue
+			}
+			b.resend(batch, wire)
+		}
 	}
 	if ctxErr != nil {
 		b.acks.abandon(batch, wire)
@@ -185,6 +205,26 @@ func (b *natsBroker) publishBatch(ctx context.Context, msgs []*broker.Message) e
 		return nil
 	}
 	return &broker.PublishError{Failed: failed}
+}
+
+// resend publishes again the messages of batch still waiting for their
+// PubAck, with the same Nats-Msg-Id, while the connection is up; the first
+// PubAck of either copy settles the message, and the stream's duplicate
+// window drops the copy of one already stored. A resend the client cannot
+// take now (not connected, too many PubAcks pending) is skipped: the
+// message stays pending on its first publish.
+func (b *natsBroker) resend(batch *pubBatch, wire []natsgo.Msg) {
+	pending := b.acks.pendingOf(batch, wire)
+	if len(pending) == 0 || b.nc.Status() != natsgo.CONNECTED {
+		return
+	}
+	b.log.Info("nats: no PubAck yet; publishing again with the same Nats-Msg-Id (the stream drops a duplicate)",
+		"messages", len(pending), "after", b.cfg.PublishResend)
+	for _, nm := range pending {
+		if _, err := b.js.PublishMsgAsync(nm); err != nil {
+			return
+		}
+	}
 }
 
 // refused marks a message that toWire refused, whose error is final.
@@ -286,6 +326,19 @@ func (t *ackTracker) failAll(err error) {
 	}
 }
 
+// pendingOf returns the messages of batch that still wait for a PubAck.
+func (t *ackTracker) pendingOf(batch *pubBatch, wire []natsgo.Msg) []*natsgo.Msg {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*natsgo.Msg
+	for i := range wire {
+		if s, ok := t.pending[&wire[i]]; ok && s.batch == batch {
+			out = append(out, &wire[i])
+		}
+	}
+	return out
+}
+
 // abandon marks the batch's messages still pending with errNoAck and
 // forgets them, so a late PubAck does not touch the batch.
 func (t *ackTracker) abandon(batch *pubBatch, wire []natsgo.Msg) {
@@ -380,9 +433,12 @@ func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 // 10006), insufficient resources (10023), storage resources exceeded
 // (10047), and the store failing, which includes a stream full under
 // DiscardNew ("maximum messages exceeded", "maximum bytes exceeded",
-// 10077).
+// 10077), and a copy of a message whose first publish the stream is still
+// storing (409 "duplicate message id is in process", 10158: the first copy
+// is proposed to the stream's Raft group and not yet applied, as after a
+// leader change; a later publish is confirmed as a duplicate or stored).
 var apiOutageCodes = map[jetstream.ErrorCode]bool{
-	10039: true, 10076: true, 10008: true, 10006: true, 10023: true, 10047: true, 10077: true,
+	10039: true, 10076: true, 10008: true, 10006: true, 10023: true, 10047: true, 10077: true, 10158: true,
 }
 
 // apiOutage reports whether a JetStream API error of a publish is an

@@ -119,3 +119,24 @@ func TestValidHeaderReservedPrefixAnyCase(t *testing.T) {
 	}
 	require.Error(t, validHeader("é", "v"), "non-ASCII name")
 }
+
+// A publish refused for the stream's or the server's state is an outage
+// (the relay waits and publishes again); one refused for the message is
+// its fault (parked). 10158, "duplicate message id is in process", comes
+// back for a resend while the first copy is still being stored after a
+// leader change: parking it (as a message fault) charged good rows an
+// attempt in the NATS failover test.
+func TestAPIOutageCodes(t *testing.T) {
+	for _, c := range []struct {
+		e      jetstream.APIError
+		outage bool
+	}{
+		{jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}, true},
+		{jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"}, true},
+		{jetstream.APIError{Code: 500, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{jetstream.APIError{Code: 400, ErrorCode: 10060, Description: "expected stream does not match"}, false},
+		{jetstream.APIError{Code: 400, ErrorCode: 10071, Description: "wrong last sequence"}, false},
+	} {
+		require.Equal(t, c.outage, apiOutage(&c.e), "%d %d %s", c.e.Code, c.e.ErrorCode, c.e.Description)
+	}
+}

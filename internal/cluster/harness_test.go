@@ -248,6 +248,7 @@ type result struct {
 	Reordered                                            int
 	Absorbed, Redelivered                                int64
 	Recovery                                             time.Duration // fault to the first event enqueued after it handled
+	PublishRecovery                                      time.Duration // fault to the first event enqueued after it published (confirmed by the broker)
 	Stall                                                time.Duration // the longest time without a handled event, from the fault on
 }
 
@@ -304,14 +305,20 @@ func (rg *rig) run(fault func(mark func())) result {
 	if first != nil {
 		res.Recovery = first.Sub(faultAt)
 	}
+	var published *time.Time
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT min(processed_at) FROM outbox WHERE (convert_from(payload, 'UTF8')::json->>'Seq')::bigint > $1`, seqAtFault).Scan(&published))
+	if published != nil {
+		res.PublishRecovery = published.Sub(faultAt)
+	}
+	// The first gap runs from the fault to the first event handled after it.
 	var stall *time.Duration
-	require.NoError(t, rg.pool.QueryRow(bg, `SELECT max(gap) FROM (SELECT at - lag(at) OVER (ORDER BY at) AS gap FROM effects WHERE at >= $1) g`, faultAt).Scan(&stall))
+	require.NoError(t, rg.pool.QueryRow(bg, `SELECT max(gap) FROM (SELECT at - lag(at, 1, $1) OVER (ORDER BY at) AS gap FROM effects WHERE at >= $1) g`, faultAt).Scan(&stall))
 	if stall != nil {
 		res.Stall = *stall
 	}
 	res.Absorbed, res.Redelivered = rg.duplicates.Load(), rg.redelivered.Load()
-	t.Logf("RESULT %s: committed=%d uncertain=%d lost=%d (outbox rows without effect %d) duplicate_effects=%d charged_or_unprocessed=%d worker_attempts=%d redeliveries_absorbed=%d redelivered=%d reordered=%d recovery=%v stall=%v",
-		t.Name(), res.Committed, uncertain, res.Lost, outboxLost, res.Duplicates, res.Charged, res.WorkerAttempts, res.Absorbed, res.Redelivered, res.Reordered, res.Recovery.Round(time.Millisecond), res.Stall.Round(time.Millisecond))
+	t.Logf("RESULT %s: committed=%d uncertain=%d lost=%d (outbox rows without effect %d) duplicate_effects=%d charged_or_unprocessed=%d worker_attempts=%d redeliveries_absorbed=%d redelivered=%d reordered=%d published_after=%v recovery=%v stall=%v",
+		t.Name(), res.Committed, uncertain, res.Lost, outboxLost, res.Duplicates, res.Charged, res.WorkerAttempts, res.Absorbed, res.Redelivered, res.Reordered, res.PublishRecovery.Round(time.Millisecond), res.Recovery.Round(time.Millisecond), res.Stall.Round(time.Millisecond))
 	require.Positive(t, res.Committed, "no event committed")
 	require.Zero(t, rg.dead.Load(), "messages dead-lettered (a body the handler could not read arrived)")
 	require.Zero(t, res.Lost, "committed events without an effect")

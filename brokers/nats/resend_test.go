@@ -170,4 +170,3 @@ func (p *dropProxy) drop(fromClient bool, f []string) bool {
 	}
 	return false
 }
-

@@ -219,8 +219,13 @@ type Result struct {
 	Figures  []Figure      `json:"figures,omitempty"`
 	Latency  *LatencyStats `json:"latency,omitempty"`
 	// Series is the scenario's curve: the outbox lag over time
-	// (pipeline), the latency CDF (latency).
+	// (pipeline), the events handled over time (faults), the latency CDF
+	// (latency), the backlog around the kill (failover).
 	Series []Point `json:"series,omitempty"`
+	// LoadAverage is the machine's 1-minute load average at the end of
+	// the run (/proc/loadavg; 0: not read): how busy the (possibly
+	// shared) machine was while it ran. The charts' captions quote it.
+	LoadAverage float64 `json:"load_average,omitempty"`
 }
 
 // figure returns the value of the named figure and whether it is there.
@@ -372,6 +377,7 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		if out[i].Seconds == 0 && len(out) == 1 {
 			out[i].Seconds = time.Since(start).Seconds()
 		}
+		out[i].LoadAverage = loadAverage()
 		fmt.Fprintf(r.cfg.Progress, "ferry bench: %s\n", summaryLine(out[i]))
 	}
 	return out

@@ -259,8 +259,11 @@ func (r *runner) failover(ctx context.Context, t Target) ([]Result, error) {
 	out.add("worker attempts recorded", float64(workerAttempts), "")
 	out.add("cluster processes", float64(ops.Processes), "")
 	out.add("cluster memory", float64(ops.RSSBytes)/(1<<20), "MiB")
-	out.Note = fmt.Sprintf("%d events at %d/s on %d nodes; node %d (the leader) killed at %s, started again at %s (down %s); -1: never", total, rt, len(cl.URLs), leader,
+	out.Note = fmt.Sprintf("%d events at %d/s on %d nodes; node %d (the leader) killed at %s, started again at %s (down %s)", total, rt, len(cl.URLs), leader,
 		FormatSeconds(killAt.Seconds()), FormatSeconds(restartAt.Seconds()), FormatSeconds((restartAt - killAt).Seconds()))
+	if slices.ContainsFunc(out.Figures, func(f Figure) bool { return f.Unit == "s" && f.Value < 0 }) {
+		out.Note += "; -1 s: it never happened"
+	}
 	if down != nil {
 		out.Note += fmt.Sprintf("; the pipeline had not caught up within %v of the kill", failoverNodeDownMax)
 	}

@@ -282,7 +282,9 @@ func runBench(c *cli.Context) error {
 		} else {
 			t.Where = n + " at " + redactURL(t.URL)
 		}
-		t.Cluster = benchCluster(c, n, opts)
+		if t.Cluster, err = benchCluster(c, n, opts); err != nil {
+			return err
+		}
 		targets = append(targets, t)
 	}
 	fmt.Fprintf(out, "ferry bench: database %s; brokers %s; scenarios %s; %d messages of %d body bytes\n",
@@ -322,7 +324,7 @@ func runBench(c *cli.Context) error {
 		Spawn: spawn, RestartBroker: restartBroker, PeerDir: peerDir,
 		Targets: targets, DatabaseURL: dbURL, Database: dbWhere, Scenarios: scenarios,
 		Messages: c.Int(flagMessages), Size: c.Int(flagSize), Rate: c.Int(flagRate), Workers: c.Int(flagWorkers),
-		Out: c.String(flagOut), Command: "ferry " + strings.Join(os.Args[1:], " "), Progress: out, Logger: log,
+		Out: c.String(flagOut), Command: benchCommandLine(os.Args[1:]), Progress: out, Logger: log,
 	})
 	if errors.Is(err, suite.ErrConfig) {
 		return usagef("ferry bench: %v", err)
@@ -341,6 +343,30 @@ func runBench(c *cli.Context) error {
 		return fmt.Errorf("ferry bench: %d scenario run(s) failed; see %s/results.md", failed, c.String(flagOut))
 	}
 	return nil
+}
+
+// benchCommandLine is the command line results.json records, with the
+// password of every URL in it (--database-url, --rabbitmq-url, …)
+// replaced by xxxxx.
+func benchCommandLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if name, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+			out[i] = name + "=" + redactList(v)
+		} else {
+			out[i] = redactList(a)
+		}
+	}
+	return strings.Join(append([]string{"ferry"}, out...), " ")
+}
+
+// redactList is redactURL of each item of a comma list.
+func redactList(s string) string {
+	items := strings.Split(s, ",")
+	for i, it := range items {
+		items[i] = redactURL(it)
+	}
+	return strings.Join(items, ",")
 }
 
 // benchURL is the server URL of broker name: the raw client connects to
@@ -414,11 +440,27 @@ func benchCleanup(name string, o BrokerOptions) func(context.Context, broker.Top
 // starts (`up NAME-cluster`, its URLs from `env NAME-cluster`) and stops
 // after the run (`down NAME-cluster`); nodes are killed and started with
 // the script. Nil when the broker has no cluster role or there is no
-// script (the failover scenario then says "not supported").
-func benchCluster(c *cli.Context, name string, opts BrokerOptions) func(ctx context.Context) (*suite.Cluster, error) {
+// script (the failover scenario then says "not supported"). A cluster
+// flag naming fewer than 2 nodes, a node without a port, or RabbitMQ
+// nodes without as many management URLs is a usage error.
+func benchCluster(c *cli.Context, name string, opts BrokerOptions) (func(ctx context.Context) (*suite.Cluster, error), error) {
 	flag := map[string]string{"rabbitmq": flagRabbitMQClusterURL, "kafka": flagKafkaClusterBroker, "nats": flagNATSClusterURL}[name]
 	if flag == "" {
-		return nil
+		return nil, nil
+	}
+	given := c.String(flag)
+	mgmt := c.String(flagRabbitMQClusterMgt)
+	if given != "" {
+		nodes := cluster.Nodes{Broker: name, URLs: splitList(given), Management: splitList(mgmt)}
+		if len(nodes.URLs) < 2 {
+			return nil, usagef("--%s %q: want the URL of every node of the cluster, comma separated (failover kills one)", flag, redactURL(given))
+		}
+		if _, err := nodes.Ports(); err != nil {
+			return nil, usagef("--%s: %v", flag, err)
+		}
+		if name == "rabbitmq" && len(nodes.Management) != len(nodes.URLs) {
+			return nil, usagef("--%s has %d URLs but --%s %d: the failover scenario reads the queue's leader from each node's management API", flagRabbitMQClusterURL, len(nodes.URLs), flagRabbitMQClusterMgt, len(nodes.Management))
+		}
 	}
 	path := c.String(flagClusterScript)
 	if !c.IsSet(flagClusterScript) {
@@ -427,17 +469,14 @@ func benchCluster(c *cli.Context, name string, opts BrokerOptions) func(ctx cont
 		}
 	}
 	if path == "" || path == "none" {
-		return nil
+		return nil, nil
 	}
 	script := cluster.Script{Path: path}
 	role := name + "-cluster"
-	given := c.String(flag)
-	mgmt := c.String(flagRabbitMQClusterMgt)
 	f, _ := lookupBroker(name)
 	return func(ctx context.Context) (*suite.Cluster, error) {
 		var (
 			nodes cluster.Nodes
-			err   error
 			where string
 			stop  func()
 		)
@@ -463,12 +502,6 @@ func benchCluster(c *cli.Context, name string, opts BrokerOptions) func(ctx cont
 			}
 			where = fmt.Sprintf("%d %s nodes of %s %s", len(nodes.URLs), name, path, role)
 		}
-		if name == "rabbitmq" && len(nodes.Management) != len(nodes.URLs) {
-			if stop != nil {
-				stop()
-			}
-			return nil, usagef("--%s: %d URLs but --%s has %d: the failover scenario reads the queue's leader from each node's management API", flagRabbitMQClusterURL, len(nodes.URLs), flagRabbitMQClusterMgt, len(nodes.Management))
-		}
 		co := opts
 		switch name {
 		case "rabbitmq":
@@ -486,13 +519,6 @@ func benchCluster(c *cli.Context, name string, opts BrokerOptions) func(ctx cont
 		}
 		first := co
 		first.RabbitMQURL = nodes.URLs[0]
-		_, err = nodes.Ports()
-		if err != nil {
-			if stop != nil {
-				stop()
-			}
-			return nil, err
-		}
 		return &suite.Cluster{
 			Open:    func(ctx context.Context) (broker.Broker, error) { return f(ctx, co) },
 			URLs:    urls,
@@ -502,5 +528,5 @@ func benchCluster(c *cli.Context, name string, opts BrokerOptions) func(ctx cont
 			Where:   where,
 			Close:   stop,
 		}, nil
-	}
+	}, nil
 }

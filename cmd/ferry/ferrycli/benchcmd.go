@@ -110,10 +110,10 @@ func benchBrokerFlags() []cli.Flag {
 func benchClusterFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: flagClusterScript, EnvVars: env("bench-cluster-script"), Usage: "script that starts (up ROLE), stops (down ROLE), describes (env ROLE) a cluster and kills or starts one of its nodes (node ROLE N kill|start), ROLE being BROKER-cluster: the failover scenario's clusters (default: " + defaultClusterScript + " when run in a ferry checkout; none: failover not supported)"},
-		&cli.StringFlag{Name: flagRabbitMQClusterURL, EnvVars: env(flagRabbitMQClusterURL), Usage: "failover: a running RabbitMQ cluster, one amqp:// URL per node, comma separated (default: the script starts one)"},
-		&cli.StringFlag{Name: flagRabbitMQClusterMgt, EnvVars: env(flagRabbitMQClusterMgt), Usage: "failover: the management API of each node of --" + flagRabbitMQClusterURL + ", in the same order (http://user:password@host:port), where the queue's leader is read"},
-		&cli.StringFlag{Name: flagKafkaClusterBroker, EnvVars: env(flagKafkaClusterBroker), Usage: "failover: a running Kafka cluster, one host:port per broker, comma separated (default: the script starts one)"},
-		&cli.StringFlag{Name: flagNATSClusterURL, EnvVars: env(flagNATSClusterURL), Usage: "failover: a running NATS cluster, one nats:// URL per server, comma separated (default: the script starts one)"},
+		&cli.StringFlag{Name: flagRabbitMQClusterURL, EnvVars: env("bench-" + flagRabbitMQClusterURL), Usage: "failover: a running RabbitMQ cluster, one amqp:// URL per node, comma separated (default: the script starts one)"},
+		&cli.StringFlag{Name: flagRabbitMQClusterMgt, EnvVars: env("bench-" + flagRabbitMQClusterMgt), Usage: "failover: the management API of each node of --" + flagRabbitMQClusterURL + ", in the same order (http://user:password@host:port), where the queue's leader is read"},
+		&cli.StringFlag{Name: flagKafkaClusterBroker, EnvVars: env("bench-" + flagKafkaClusterBroker), Usage: "failover: a running Kafka cluster, one host:port per broker, comma separated (default: the script starts one)"},
+		&cli.StringFlag{Name: flagNATSClusterURL, EnvVars: env("bench-" + flagNATSClusterURL), Usage: "failover: a running NATS cluster, one nats:// URL per server, comma separated (default: the script starts one)"},
 	}
 }
 

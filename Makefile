@@ -9,6 +9,8 @@
 #   make test-cluster  the failover tests (internal/cluster) with long
 #                   phases: 15 s of load around each fault on each cluster
 #   make bench      print the throughput and latency figures (bench/README.md)
+#   make bench-failover  ferry bench's failover scenario on the RabbitMQ, Kafka
+#                   and NATS clusters, one at a time (bench/README.md)
 #   make compare    ferry and Watermill's outbox side by side (bench/compare.sh)
 #   make services   start the servers and print their addresses
 #   make services-down
@@ -25,7 +27,7 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 45m
 PKGS     ?= ./...
 DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
-.PHONY: test test-long test-cluster tidy-check bench compare services services-down services-status demo build vet
+.PHONY: test test-long test-cluster tidy-check bench bench-failover compare services services-down services-status demo build vet
 
 test: tidy-check
 	$(SERVICES) up && compose/local/chromium.sh >/dev/null && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
@@ -53,6 +55,15 @@ tidy-check:
 # The figures of bench/README.md (about 5 minutes); prints, asserts nothing.
 bench:
 	$(SERVICES) up && eval "$$($(SERVICES) env)" && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
+
+# ferry bench's failover scenario on the three clustered brokers (about 6
+# minutes): each cluster is started by services.sh, its leader killed under
+# 200 events/s, and stopped before the next starts; prints and writes the
+# figures and the chart to bench-results/failover. Asserts nothing
+# (TestBenchFailoverSmoke is the CI check, on NATS).
+bench-failover:
+	$(SERVICES) up postgres && eval "$$($(SERVICES) env postgres)" && \
+		$(GO) run ./cmd/ferry bench --brokers rabbitmq,kafka,nats --scenarios failover --out bench-results/failover
 
 # ferry and the Watermill peer side by side, twice each (bench/README.md).
 compare:

@@ -18,6 +18,9 @@
 // scenario runs the relay and the worker as child processes
 // (Config.Spawn, `ferry bench-child`, see RunChild) so it can kill them
 // with SIGKILL, and restarts the broker through Config.RestartBroker.
+// failover, run only when named (not in BuiltScenarios), takes each
+// broker's cluster from Target.Cluster and kills the node that leads the
+// work queue (see Cluster).
 //
 // At the end Run records what each adapter declares (broker.Capabilities)
 // and each server's processes and resident memory, read from /proc.

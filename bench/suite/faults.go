@@ -362,7 +362,7 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 		if qerr := db.admin.QueryRow(ctx, `SELECT count(*) FROM notifications`).Scan(&c); qerr == nil {
 			total = c
 			committed.Store(c)
-			b.total = c
+			b.setTotal(c)
 		}
 		return total
 	}

@@ -129,6 +129,7 @@ func (r *runner) collectOps(ctx context.Context, res *Results) {
 		}
 	}
 	res.Operations = append(res.Operations, serverOps("postgres", r.cfg.DatabaseURL))
+	res.Operations = append(res.Operations, r.clusterOps...)
 }
 
 func yesNo(b bool) string {

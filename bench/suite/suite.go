@@ -28,6 +28,7 @@ const (
 	ScenarioRetry     = "retry"
 	ScenarioReplay    = "replay"
 	ScenarioPeer      = "peer"
+	ScenarioFailover  = "failover"
 	statusOK          = "ok"
 	statusUnsupported = "not supported"
 	statusFailed      = "failed"
@@ -35,11 +36,12 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRouting, ScenarioRetry, ScenarioReplay, ScenarioPeer}
+var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRouting, ScenarioRetry, ScenarioReplay, ScenarioPeer, ScenarioFailover}
 
-// BuiltScenarios are the scenarios Run measures; the default of
-// Config.Scenarios.
-var BuiltScenarios = Scenarios
+// BuiltScenarios are the scenarios Run measures by default (the default
+// of Config.Scenarios): every scenario but failover, which starts a
+// 3-node cluster per broker and runs only when asked for.
+var BuiltScenarios = slices.DeleteFunc(slices.Clone(Scenarios), func(s string) bool { return s == ScenarioFailover })
 
 // ErrConfig is wrapped by the errors of Config.validate: a bad flag.
 var ErrConfig = errors.New("bench: invalid configuration")
@@ -63,6 +65,11 @@ type Target struct {
 	// Where describes the server in the report, e.g. "embedded NATS
 	// JetStream in the ferry process". Defaults to URL.
 	Where string
+	// Cluster, when set, returns the broker's cluster for the failover
+	// scenario, starting it when it does not run (its Close stops it
+	// again); it is called once per failover run. Nil: failover is "not
+	// supported" on this broker.
+	Cluster func(ctx context.Context) (*Cluster, error)
 }
 
 // Config configures Run. Zero values mean the documented defaults; the
@@ -212,8 +219,13 @@ type Result struct {
 	Figures  []Figure      `json:"figures,omitempty"`
 	Latency  *LatencyStats `json:"latency,omitempty"`
 	// Series is the scenario's curve: the outbox lag over time
-	// (pipeline), the latency CDF (latency).
+	// (pipeline), the events handled over time (faults), the latency CDF
+	// (latency), the backlog around the kill (failover).
 	Series []Point `json:"series,omitempty"`
+	// LoadAverage is the machine's 1-minute load average at the end of
+	// the run (/proc/loadavg; 0: not read): how busy the (possibly
+	// shared) machine was while it ran. The charts' captions quote it.
+	LoadAverage float64 `json:"load_average,omitempty"`
 }
 
 // figure returns the value of the named figure and whether it is there.
@@ -242,7 +254,8 @@ type Results struct {
 	Results  []Result          `json:"results"`
 	// Capabilities are what each broker's adapter declares.
 	Capabilities map[string]Capabilities `json:"capabilities,omitempty"`
-	// Operations are each server's processes and memory at the end.
+	// Operations are each server's processes and memory at the end of
+	// the run, and each cluster's at the end of its failover run.
 	Operations []Operations `json:"operations,omitempty"`
 }
 
@@ -256,6 +269,9 @@ type runner struct {
 	servers    map[string]string
 	// results are the results so far (peer quotes ferry's).
 	results []Result
+	// clusterOps are the clusters' processes and memory, measured by
+	// the failover scenario while they ran.
+	clusterOps []Operations
 }
 
 // Run runs the scenarios of cfg on every target, writes results.json,
@@ -344,6 +360,8 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		out, err = r.replay(ctx, t)
 	case ScenarioPeer:
 		out, err = r.peer(ctx, t)
+	case ScenarioFailover:
+		out, err = r.failover(ctx, t)
 	default:
 		out = []Result{{Scenario: sc, Broker: t.Name, Status: statusNotBuilt, Note: "not built yet; see bench/README.md"}}
 	}
@@ -359,6 +377,7 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		if out[i].Seconds == 0 && len(out) == 1 {
 			out[i].Seconds = time.Since(start).Seconds()
 		}
+		out[i].LoadAverage = loadAverage()
 		fmt.Fprintf(r.cfg.Progress, "ferry bench: %s\n", summaryLine(out[i]))
 	}
 	return out

@@ -58,6 +58,20 @@ func readHost() Host {
 	return h
 }
 
+// loadAverage returns the 1-minute load average of /proc/loadavg, 0 when
+// it cannot be read.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var v float64
+	if _, err := fmt.Sscan(string(b), &v); err != nil {
+		return 0
+	}
+	return v
+}
+
 // clientModules are the client libraries whose versions a run records.
 var clientModules = []string{
 	"github.com/jackc/pgx/v5", "github.com/rabbitmq/amqp091-go", "github.com/nats-io/nats.go",

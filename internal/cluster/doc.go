@@ -1,10 +1,15 @@
-// Package cluster holds ferry's failover tests: the whole pipeline
-// (outbox.Enqueue, the relay, a worker with dedup whose handler's effect is
-// a database row) at a steady rate on the clustered servers of
-// compose/local/services.sh (rabbitmq-cluster, kafka-cluster, nats-cluster,
-// postgres-ha), while a node is killed (SIGKILL), paused beyond the
-// cluster's failure detection (SIGSTOP, then SIGCONT) or restarted one after
-// the other.
+// Package cluster holds ferry's failover tests and what they share with
+// ferry bench's failover scenario: Script runs compose/local/services.sh's
+// cluster roles (start a cluster, kill, pause or start one node), Nodes
+// names a clustered broker's nodes and finds the one that leads a
+// topology's work queue, partition or stream.
+//
+// The tests run the whole pipeline (outbox.Enqueue, the relay, a worker
+// with dedup whose handler's effect is a database row) at a steady rate on
+// the clustered servers of compose/local/services.sh (rabbitmq-cluster,
+// kafka-cluster, nats-cluster, postgres-ha), while a node is killed
+// (SIGKILL), paused beyond the cluster's failure detection (SIGSTOP, then
+// SIGCONT) or restarted one after the other.
 //
 // Each test starts the cluster it needs with services.sh and stops it when
 // it ends, so that one cluster runs at a time. Like Jepsen's checkers, a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +23,8 @@ import (
 // (the adapter's default on a cluster).
 func TestFailoverNATS(t *testing.T) {
 	env := up(t, "nats-cluster")
+	nodes, err := NodesFromEnv("nats", env)
+	require.NoError(t, err)
 	url := env["FERRY_NATS_CLUSTER_URL"]
 	failover(t, system{
 		role: "nats-cluster",
@@ -33,7 +34,7 @@ func TestFailoverNATS(t *testing.T) {
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return nats.New(ctx, nats.Config{URL: url, Logger: log})
 		},
-		leader: natsLeader(url),
+		leader: leaderOf(nodes),
 	})
 }
 
@@ -46,6 +47,8 @@ func TestFailoverRabbitMQ(t *testing.T) {
 	services(t, "reset", "rabbitmq-cluster")
 	env := up(t, "rabbitmq-cluster")
 	url := env["FERRY_RABBITMQ_CLUSTER_URL"]
+	nodes, err := NodesFromEnv("rabbitmq", env)
+	require.NoError(t, err)
 	failover(t, system{
 		role: "rabbitmq-cluster",
 		// net_ticktime = 10 (cluster.sh): a node is down after 10-14 s.
@@ -53,7 +56,7 @@ func TestFailoverRabbitMQ(t *testing.T) {
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return rabbitmq.New(ctx, rabbitmq.Config{URL: url, Logger: log})
 		},
-		leader: rabbitLeader(strings.Split(env["FERRY_RABBITMQ_CLUSTER_MANAGEMENT_URL"], ",")),
+		leader: leaderOf(nodes),
 	})
 }
 
@@ -61,7 +64,9 @@ func TestFailoverRabbitMQ(t *testing.T) {
 // with replication factor 3 and min.insync.replicas=2.
 func TestFailoverKafka(t *testing.T) {
 	env := up(t, "kafka-cluster")
-	brokers := strings.Split(env["FERRY_KAFKA_CLUSTER_BROKERS"], ",")
+	nodes, err := NodesFromEnv("kafka", env)
+	require.NoError(t, err)
+	brokers := nodes.URLs
 	failover(t, system{
 		role: "kafka-cluster",
 		// broker.session.timeout.ms=6000 (cluster.sh).
@@ -69,7 +74,7 @@ func TestFailoverKafka(t *testing.T) {
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return kafka.New(ctx, kafka.Config{Brokers: brokers, Logger: log})
 		},
-		leader: kafkaLeader(brokers),
+		leader: leaderOf(nodes),
 	})
 }
 

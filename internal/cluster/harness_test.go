@@ -1,19 +1,12 @@
 package cluster
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,14 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	natsgo "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/broker"
-	"github.com/ferrymq/ferry/brokers/kafka"
-	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
@@ -51,17 +39,18 @@ func phase(t *testing.T) time.Duration {
 	return 2 * time.Second
 }
 
+// script is the checkout's compose/local/services.sh.
+var script = Script{Path: filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh")}
+
 // services runs compose/local/services.sh with args and returns its
 // standard output; it fails the test when the script fails.
 func services(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("bash", append([]string{filepath.Join(testenv.RepoRoot(), "compose", "local", "services.sh")}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("services.sh %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	out, err := script.Run(context.Background(), args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out.String()
+	return out
 }
 
 // up starts role's cluster (stopped again when the test ends, so that one
@@ -73,14 +62,8 @@ func up(t *testing.T, role string) map[string]string {
 	services(t, "up", role)
 	t.Logf("%s: cluster up in %v", role, time.Since(start).Round(time.Second))
 	t.Cleanup(func() { services(t, "down", role) })
-	env := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(services(t, "env", role)))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
-		if ok && !strings.HasPrefix(k, "#") {
-			env[k] = v
-		}
-	}
+	env, err := script.Env(context.Background(), role)
+	require.NoError(t, err)
 	return env
 }
 
@@ -88,7 +71,7 @@ func up(t *testing.T, role string) map[string]string {
 // start).
 func node(t *testing.T, role string, n int, what string) {
 	t.Helper()
-	services(t, "node", role, strconv.Itoa(n), what)
+	require.NoError(t, script.Node(context.Background(), role, n, what))
 }
 
 // system is one clustered broker under test.
@@ -332,94 +315,15 @@ func (rg *rig) run(fault func(mark func())) result {
 
 // ---------------------------------------------------------------- leaders
 
-// nodeOfName returns N of a node name ending in -nN, -cN@host or similar.
-func nodeOfName(t *testing.T, name string) int {
-	name, _, _ = strings.Cut(name, "@")
-	i := strings.LastIndexAny(name, "nc")
-	n, err := strconv.Atoi(name[i+1:])
-	require.NoError(t, err, "node name %q", name)
-	return n
-}
-
-// natsLeader: the server that leads the work stream (JetStream's
-// StreamInfo.Cluster.Leader).
-func natsLeader(url string) func(t *testing.T, rg *rig) int {
+// leaderOf returns the function that finds the node leading a rig's work
+// queue, the partition or the stream on nodes (Nodes.Leader), within 30 s.
+func leaderOf(nodes Nodes) func(t *testing.T, rg *rig) int {
 	return func(t *testing.T, rg *rig) int {
-		nc, err := natsgo.Connect(url)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		n, err := nodes.Leader(ctx, rg.topo)
 		require.NoError(t, err)
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		require.NoError(t, err)
-		for i := 0; ; i++ {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			s, err := js.Stream(ctx, nats.StreamName(rg.topo.Exchange))
-			var info *jetstream.StreamInfo
-			if err == nil {
-				info, err = s.Info(ctx)
-			}
-			cancel()
-			if err == nil && info.Cluster != nil && info.Cluster.Leader != "" {
-				return nodeOfName(t, info.Cluster.Leader)
-			}
-			require.Less(t, i, 120, "no leader of stream %s: %v", rg.topo.Exchange, err)
-			time.Sleep(250 * time.Millisecond)
-		}
-	}
-}
-
-// kafkaLeader: the broker that leads partition 0 of the exchange's topic;
-// brokers is the list the nodes were started with, in node order.
-func kafkaLeader(brokers []string) func(t *testing.T, rg *rig) int {
-	return func(t *testing.T, rg *rig) int {
-		for i := 0; ; i++ {
-			conn, err := kafkago.Dial("tcp", brokers[i%len(brokers)])
-			if err == nil {
-				parts, perr := conn.ReadPartitions(kafka.TopicName(rg.topo.Exchange))
-				conn.Close()
-				for _, p := range parts {
-					if p.ID == 0 && perr == nil {
-						for n, b := range brokers {
-							if strings.HasSuffix(b, ":"+strconv.Itoa(p.Leader.Port)) {
-								return n + 1
-							}
-						}
-					}
-				}
-			}
-			require.Less(t, i, 120, "no leader of topic %s partition 0: %v", rg.topo.Exchange, err)
-			time.Sleep(250 * time.Millisecond)
-		}
-	}
-}
-
-// rabbitLeader: the node that leads the quorum work queue, from the
-// management API of the first node that answers.
-func rabbitLeader(mgmt []string) func(t *testing.T, rg *rig) int {
-	return func(t *testing.T, rg *rig) int {
-		for i := 0; ; i++ {
-			base, err := url.Parse(mgmt[i%len(mgmt)])
-			require.NoError(t, err)
-			pass, _ := base.User.Password()
-			req, _ := http.NewRequest("GET", "http://"+base.Host+"/api/queues/%2F/"+url.PathEscape(rg.queue), nil)
-			req.SetBasicAuth(base.User.Username(), pass)
-			c := http.Client{Timeout: 5 * time.Second}
-			resp, err := c.Do(req)
-			if err == nil {
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				var q struct{ Leader, Node string }
-				if json.Unmarshal(body, &q) == nil {
-					if q.Leader == "" {
-						q.Leader = q.Node
-					}
-					if q.Leader != "" {
-						return nodeOfName(t, q.Leader)
-					}
-				}
-			}
-			require.Less(t, i, 120, "no leader of queue %s: %v", rg.queue, err)
-			time.Sleep(250 * time.Millisecond)
-		}
+		return n
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,6 +20,7 @@ import (
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
+	"github.com/ferrymq/ferry/internal/cluster"
 )
 
 const (
@@ -32,7 +34,17 @@ const (
 	flagRestart   = "restart-broker"
 	flagRole      = "role"
 	flagPeerDir   = "peer-dir"
+
+	flagClusterScript      = "cluster-script"
+	flagRabbitMQClusterURL = "rabbitmq-cluster-url"
+	flagRabbitMQClusterMgt = "rabbitmq-cluster-management-url"
+	flagKafkaClusterBroker = "kafka-cluster-brokers"
+	flagNATSClusterURL     = "nats-cluster-url"
 )
+
+// defaultClusterScript is --cluster-script's default when the current
+// folder is a ferry checkout.
+const defaultClusterScript = "compose/local/services.sh"
 
 // defaultPeerDir is --peer-dir's default when the current folder is a
 // ferry checkout.
@@ -94,6 +106,17 @@ func benchBrokerFlags() []cli.Flag {
 	}
 }
 
+// benchClusterFlags are the flags of the failover scenario's clusters.
+func benchClusterFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: flagClusterScript, EnvVars: env("bench-cluster-script"), Usage: "script that starts (up ROLE), stops (down ROLE), describes (env ROLE) a cluster and kills or starts one of its nodes (node ROLE N kill|start), ROLE being BROKER-cluster: the failover scenario's clusters (default: " + defaultClusterScript + " when run in a ferry checkout; none: failover not supported)"},
+		&cli.StringFlag{Name: flagRabbitMQClusterURL, EnvVars: env("bench-" + flagRabbitMQClusterURL), Usage: "failover: a running RabbitMQ cluster, one amqp:// URL per node, comma separated (default: the script starts one)"},
+		&cli.StringFlag{Name: flagRabbitMQClusterMgt, EnvVars: env("bench-" + flagRabbitMQClusterMgt), Usage: "failover: the management API of each node of --" + flagRabbitMQClusterURL + ", in the same order (http://user:password@host:port), where the queue's leader is read"},
+		&cli.StringFlag{Name: flagKafkaClusterBroker, EnvVars: env("bench-" + flagKafkaClusterBroker), Usage: "failover: a running Kafka cluster, one host:port per broker, comma separated (default: the script starts one)"},
+		&cli.StringFlag{Name: flagNATSClusterURL, EnvVars: env("bench-" + flagNATSClusterURL), Usage: "failover: a running NATS cluster, one nats:// URL per server, comma separated (default: the script starts one)"},
+	}
+}
+
 func benchBrokerOptions(c *cli.Context, log *slog.Logger) BrokerOptions {
 	return BrokerOptions{
 		RabbitMQURL:  c.String(flagRabbitMQURL),
@@ -117,11 +140,19 @@ func (o BrokerOptions) brokerArgs() []string {
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer (RabbitMQ only); writes results.json, results.md and charts",
+		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer (RabbitMQ only), failover on a 3-node cluster; writes results.json, results.md and charts",
 		Description: "Without --brokers, bench starts embedded PostgreSQL and NATS JetStream in its own process, so it\n" +
 			"runs on a machine with nothing installed. With --brokers it uses the servers of --database-url\n" +
 			"(embedded PostgreSQL when not given) and of each broker's URL flag. Every scenario runs on every\n" +
-			"broker, each on a fresh database and fresh queues; figures are printed and written to --out.",
+			"broker, each on a fresh database and fresh queues; figures are printed and written to --out.\n\n" +
+			"The failover scenario runs only when named (--scenarios failover or all): on a 3-node cluster of\n" +
+			"RabbitMQ, Kafka or NATS it kills the node that leads the work queue under a steady load, starts\n" +
+			"it again once the pipeline caught up, and measures how long publishing and handling stood, what\n" +
+			"was lost or applied twice, and what the cluster takes to run. --cluster-script starts, kills and\n" +
+			"stops the nodes (in a ferry checkout compose/local/services.sh: up BROKER-cluster, node\n" +
+			"BROKER-cluster N kill|start, down BROKER-cluster), one cluster at a time, each stopped after its\n" +
+			"run. A --BROKER-cluster-url flag names a running cluster instead, left running; node N is its Nth\n" +
+			"URL and must be the script's node N.",
 		Flags: concat([]cli.Flag{
 			&cli.StringFlag{Name: flagBrokers, EnvVars: env("bench-brokers"), Usage: "comma list of brokers (" + strings.Join(BrokerNames(), ", ") + ") or all; default: embedded NATS"},
 			&cli.StringFlag{Name: flagScenarios, Value: strings.Join(suite.BuiltScenarios, ","), EnvVars: env("bench-scenarios"), Usage: "comma list of scenarios (" + strings.Join(suite.Scenarios, ", ") + ") or all"},
@@ -133,7 +164,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
 			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
 			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
-		}, benchBrokerFlags(), []cli.Flag{
+		}, benchBrokerFlags(), benchClusterFlags(), []cli.Flag{
 			&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Category: catProcess,
 				Usage: "folder for the data of the embedded PostgreSQL and NATS server", DefaultText: "a temporary folder removed at exit"},
 		}, logFlags("warn")),
@@ -251,6 +282,9 @@ func runBench(c *cli.Context) error {
 		} else {
 			t.Where = n + " at " + redactURL(t.URL)
 		}
+		if t.Cluster, err = benchCluster(c, n, opts); err != nil {
+			return err
+		}
 		targets = append(targets, t)
 	}
 	fmt.Fprintf(out, "ferry bench: database %s; brokers %s; scenarios %s; %d messages of %d body bytes\n",
@@ -290,7 +324,7 @@ func runBench(c *cli.Context) error {
 		Spawn: spawn, RestartBroker: restartBroker, PeerDir: peerDir,
 		Targets: targets, DatabaseURL: dbURL, Database: dbWhere, Scenarios: scenarios,
 		Messages: c.Int(flagMessages), Size: c.Int(flagSize), Rate: c.Int(flagRate), Workers: c.Int(flagWorkers),
-		Out: c.String(flagOut), Command: "ferry " + strings.Join(os.Args[1:], " "), Progress: out, Logger: log,
+		Out: c.String(flagOut), Command: benchCommandLine(os.Args[1:]), Progress: out, Logger: log,
 	})
 	if errors.Is(err, suite.ErrConfig) {
 		return usagef("ferry bench: %v", err)
@@ -309,6 +343,30 @@ func runBench(c *cli.Context) error {
 		return fmt.Errorf("ferry bench: %d scenario run(s) failed; see %s/results.md", failed, c.String(flagOut))
 	}
 	return nil
+}
+
+// benchCommandLine is the command line results.json records, with the
+// password of every URL in it (--database-url, --rabbitmq-url, …)
+// replaced by xxxxx.
+func benchCommandLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if name, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+			out[i] = name + "=" + redactList(v)
+		} else {
+			out[i] = redactList(a)
+		}
+	}
+	return strings.Join(append([]string{"ferry"}, out...), " ")
+}
+
+// redactList is redactURL of each item of a comma list.
+func redactList(s string) string {
+	items := strings.Split(s, ",")
+	for i, it := range items {
+		items[i] = redactURL(it)
+	}
+	return strings.Join(items, ",")
 }
 
 // benchURL is the server URL of broker name: the raw client connects to
@@ -375,4 +433,100 @@ func benchCleanup(name string, o BrokerOptions) func(context.Context, broker.Top
 		}
 	}
 	return nil
+}
+
+// benchCluster returns suite.Target.Cluster for broker name: the nodes of
+// its --BROKER-cluster-url flag, or else a cluster that --cluster-script
+// starts (`up NAME-cluster`, its URLs from `env NAME-cluster`) and stops
+// after the run (`down NAME-cluster`); nodes are killed and started with
+// the script. Nil when the broker has no cluster role or there is no
+// script (the failover scenario then says "not supported"). A cluster
+// flag naming fewer than 2 nodes, a node without a port, or RabbitMQ
+// nodes without as many management URLs is a usage error.
+func benchCluster(c *cli.Context, name string, opts BrokerOptions) (func(ctx context.Context) (*suite.Cluster, error), error) {
+	flag := map[string]string{"rabbitmq": flagRabbitMQClusterURL, "kafka": flagKafkaClusterBroker, "nats": flagNATSClusterURL}[name]
+	if flag == "" {
+		return nil, nil
+	}
+	given := c.String(flag)
+	mgmt := c.String(flagRabbitMQClusterMgt)
+	if given != "" {
+		nodes := cluster.Nodes{Broker: name, URLs: splitList(given), Management: splitList(mgmt)}
+		if len(nodes.URLs) < 2 {
+			return nil, usagef("--%s %q: want the URL of every node of the cluster, comma separated (failover kills one)", flag, redactURL(given))
+		}
+		if _, err := nodes.Ports(); err != nil {
+			return nil, usagef("--%s: %v", flag, err)
+		}
+		if name == "rabbitmq" && len(nodes.Management) != len(nodes.URLs) {
+			return nil, usagef("--%s has %d URLs but --%s %d: the failover scenario reads the queue's leader from each node's management API", flagRabbitMQClusterURL, len(nodes.URLs), flagRabbitMQClusterMgt, len(nodes.Management))
+		}
+	}
+	path := c.String(flagClusterScript)
+	if !c.IsSet(flagClusterScript) {
+		if _, err := os.Stat(defaultClusterScript); err == nil {
+			path = defaultClusterScript
+		}
+	}
+	if path == "" || path == "none" {
+		return nil, nil
+	}
+	script := cluster.Script{Path: path}
+	role := name + "-cluster"
+	f, _ := lookupBroker(name)
+	return func(ctx context.Context) (*suite.Cluster, error) {
+		var (
+			nodes cluster.Nodes
+			where string
+			stop  func()
+		)
+		if given != "" {
+			nodes = cluster.Nodes{Broker: name, URLs: splitList(given), Management: splitList(mgmt)}
+			where = fmt.Sprintf("%d %s nodes at %s (--%s)", len(nodes.URLs), name, redactURL(nodes.URLs[0])+",…", flag)
+		} else {
+			if err := script.Up(ctx, role); err != nil {
+				return nil, err
+			}
+			stop = func() {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+				defer cancel()
+				_ = script.Down(dctx, role)
+			}
+			env, err := script.Env(ctx, role)
+			if err == nil {
+				nodes, err = cluster.NodesFromEnv(name, env)
+			}
+			if err != nil {
+				stop()
+				return nil, err
+			}
+			where = fmt.Sprintf("%d %s nodes of %s %s", len(nodes.URLs), name, path, role)
+		}
+		co := opts
+		switch name {
+		case "rabbitmq":
+			co.RabbitMQURL, co.RabbitMQQueueType, co.RabbitMQManagementURL = strings.Join(nodes.URLs, ","), "", ""
+		case "kafka":
+			co.KafkaBrokers = nodes.URLs
+		case "nats":
+			co.NATSURL = strings.Join(nodes.URLs, ",")
+		}
+		urls := slices.Clone(nodes.URLs)
+		if name == "kafka" {
+			for i, u := range urls {
+				urls[i] = "kafka://" + u
+			}
+		}
+		first := co
+		first.RabbitMQURL = nodes.URLs[0]
+		return &suite.Cluster{
+			Open:    func(ctx context.Context) (broker.Broker, error) { return f(ctx, co) },
+			URLs:    urls,
+			Leader:  nodes.Leader,
+			Node:    func(ctx context.Context, n int, action string) error { return script.Node(ctx, role, n, action) },
+			Cleanup: benchCleanup(name, first),
+			Where:   where,
+			Close:   stop,
+		}, nil
+	}, nil
 }

@@ -3,11 +3,9 @@ package ferrycli
 import (
 	"fmt"
 	"io"
-	"os"
-	"strings"
 	"time"
 
-	"golang.org/x/term"
+	"github.com/ferrymq/ferry/internal/progress"
 )
 
 // demoCounts are the demo's counters at one moment.
@@ -20,57 +18,51 @@ type demoCounts struct {
 	dead     int
 }
 
-// progress draws the demo's progress bar: on a terminal one line redrawn
-// in place (\r) with a bar. Elsewhere (CI, a pipe, a file) it draws
-// nothing, and the summary that follows says everything.
-type progress struct {
-	w     io.Writer
-	tty   bool
-	start time.Time
-	width int
+// progressSteps is the resolution of the demo's bar: it shows a fraction
+// (fraction), in thousandths.
+const progressSteps = 1000
+
+// demoProgress draws the demo's progress bar on a terminal (package
+// internal/progress); elsewhere (CI, a pipe, a file) it draws nothing,
+// and the summary that follows says everything.
+type demoProgress struct {
+	bar *progress.Bar
 }
 
-// isTerminal reports whether w is a terminal (golang.org/x/term; a
-// character device such as /dev/null is not one).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
+func newProgress(w io.Writer, _ time.Time) *demoProgress {
+	return &demoProgress{bar: progress.NewStatus(w, progressSteps)}
 }
 
-func newProgress(w io.Writer, start time.Time) *progress {
-	return &progress{w: w, tty: isTerminal(w), start: start, width: 30}
-}
-
-// line renders the counters: the bar fills with the notifications in a
-// final state (sent or dead) out of those accepted so far.
-func (p *progress) line(c demoCounts, now time.Time) string {
+// fraction is how far the demo is: the notifications in a final state
+// (sent or dead) out of those accepted so far, scaled down while lines
+// are still being posted (more will be accepted, so the bar cannot be
+// full yet).
+func (c demoCounts) fraction() float64 {
 	done := c.sent + c.dead
 	frac := 0.0
 	if c.accepted > 0 {
 		frac = float64(done) / float64(c.accepted)
 	}
 	if c.posted < c.lines && frac > 0 {
-		// Still posting: more will be accepted, so the bar cannot be full.
 		frac = frac * float64(c.posted) / float64(c.lines)
 	}
-	filled := int(frac * float64(p.width))
-	bar := strings.Repeat("█", filled) + strings.Repeat("░", p.width-filled)
-	return fmt.Sprintf("%s %3.0f%%  posted %d/%d  accepted %d  rejected %d  sent %d  dead %d  %.1fs",
-		bar, 100*frac, c.posted, c.lines, c.accepted, c.rejected, c.sent, c.dead, now.Sub(p.start).Seconds())
+	return min(frac, 1)
 }
 
-// update redraws c on a terminal.
-func (p *progress) update(c demoCounts) {
-	if !p.tty {
-		return
-	}
-	fmt.Fprintf(p.w, "\r%s\x1b[K", p.line(c, time.Now()))
+// describe is the text beside the bar.
+func (c demoCounts) describe() string {
+	return fmt.Sprintf("posted %d/%d  accepted %d  rejected %d  sent %d  dead %d",
+		c.posted, c.lines, c.accepted, c.rejected, c.sent, c.dead)
 }
 
-// finish draws c a last time on a terminal and ends the line.
-func (p *progress) finish(c demoCounts) {
-	if !p.tty {
-		return
-	}
-	fmt.Fprintf(p.w, "\r%s\x1b[K\n", p.line(c, time.Now()))
+// update redraws c.
+func (p *demoProgress) update(c demoCounts) {
+	p.bar.Describe(c.describe())
+	p.bar.Set(int64(c.fraction() * progressSteps))
+}
+
+// finish draws c a last time and ends the line.
+func (p *demoProgress) finish(c demoCounts) {
+	p.bar.Describe(c.describe())
+	p.bar.Finish(int64(c.fraction() * progressSteps))
 }

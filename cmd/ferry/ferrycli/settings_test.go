@@ -50,12 +50,14 @@ func TestCheckRetention(t *testing.T) {
 	require.ErrorContains(t, err, "--retention 2h0m0s: must be at least 5h0m0s, the longest --retry-delay times --max-attempts")
 }
 
-func TestProgressLine(t *testing.T) {
-	p := &progress{width: 10, start: time.Now()}
-	l := p.line(demoCounts{lines: 10, posted: 10, accepted: 8, rejected: 2, sent: 4, dead: 0}, p.start.Add(time.Second))
-	require.Contains(t, l, " 50%")
-	require.Contains(t, l, "accepted 8  rejected 2  sent 4  dead 0")
-	require.Contains(t, l, "█████░░░░░")
+func TestProgressFraction(t *testing.T) {
+	c := demoCounts{lines: 10, posted: 10, accepted: 8, rejected: 2, sent: 4, dead: 0}
+	require.InDelta(t, 0.5, c.fraction(), 1e-9)
+	require.Equal(t, "posted 10/10  accepted 8  rejected 2  sent 4  dead 0", c.describe())
+	// Still posting: half the lines posted, so at most half the bar.
+	c.posted = 5
+	require.InDelta(t, 0.25, c.fraction(), 1e-9)
+	require.Zero(t, demoCounts{lines: 3}.fraction(), "nothing accepted yet")
 }
 
 func TestReadLines(t *testing.T) {

@@ -164,7 +164,7 @@ func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
 	// The ratios, one row per profile.
 	for _, p := range peerProfiles {
 		res := Result{Variant: PeerRatio + p, Messages: n,
-			Note: "ferry's figure ÷ Watermill's, each pair measured one after the other in this scenario; CPU: all processes (the benchmark's own, PostgreSQL, the broker's server)"}
+			Note: "each pair measured one after the other; CPU of all processes (own, PostgreSQL, broker)"}
 		wm := wmE2E[p]
 		if f, ok := ferryE2E.figure("throughput"); ok {
 			if w, ok := wm.figure("throughput"); ok && w > 0 {

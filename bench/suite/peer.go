@@ -7,107 +7,272 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // Watermill profiles of the peer module (bench/watermill): its defaults
-// and the tuned settings.
+// and the tuned settings, per broker (bench/watermill/pubsubs_test.go).
 var peerProfiles = []string{"defaults", "tuned"}
 
+// PeerBrokers are the brokers the Watermill peer runs on, each with
+// Watermill's own Pub/Sub for it: watermill-amqp, watermill-kafka,
+// watermill-nats (JetStream) and watermill-aws's sqs.
+var PeerBrokers = []string{"rabbitmq", "kafka", "nats", "sqs"}
+
+// Variants of the peer scenario's rows, per broker: ferry's own figures
+// (PeerFerry...), Watermill's per profile ("watermill <profile>, ..."),
+// and the ratios (PeerRatio + profile), the row a chart of ferry ÷
+// Watermill per broker reads.
+const (
+	PeerFerryEndToEnd = "ferry, end-to-end"
+	PeerRatio         = "ferry ÷ watermill "
+	peerRetry         = "retry after 1 s"
+)
+
+// Figures of the PeerRatio rows: ferry's figure divided by Watermill's,
+// measured side by side in one peer scenario run. Above 1 ferry is
+// ahead in throughput; below 1 it is ahead in CPU and p99. The p99
+// figures are named per rate ("ferry/watermill p99 200/s").
+const (
+	PeerThroughputRatio = "ferry/watermill throughput"
+	PeerCPURatio        = "ferry/watermill CPU"
+	PeerP99Ratio        = "ferry/watermill p99"
+)
+
+// peerRetryNotes says, per broker, what Watermill's Pub/Sub offers for
+// the retry scenario's need, a per-message delayed redelivery (1 s
+// requested by the handler). From each Pub/Sub's source at the versions
+// of bench/watermill/go.mod.
+var peerRetryNotes = map[string]struct{ status, note string }{
+	"rabbitmq": {statusUnsupported, "watermill-amqp's Nack requeues at once (basic.nack with requeue); a delay is only middleware.Retry's sleep in the consumer process, holding the delivery"},
+	"kafka":    {statusUnsupported, "watermill-kafka redelivers a nacked message after SubscriberConfig.NackResendSleep (one value per subscriber, 100 ms by default) in the consumer process, holding up its partition meanwhile; nothing on the broker"},
+	"nats":     {statusNotBuilt, "watermill-nats can delay natively (SubscriberConfig.NakDelay, a NakWithDelay per attempt number, not per message); the peer does not measure retry"},
+	"sqs":      {statusUnsupported, "watermill-aws leaves a nacked message to come back after the queue's VisibilityTimeout (one value per queue, 30 s by default; no ChangeMessageVisibility) and drops the rest of the worker's received batch to the same timeout"},
+}
+
 // peer runs the Watermill module's end-to-end and latency benchmarks (its
-// own Go module, bench/watermill, run with `go test -bench` in
-// Config.PeerDir) against the same PostgreSQL and RabbitMQ, with the
-// same number of events and the same rates, and reports ferry's figures
-// of this run beside them.
+// own Go module, bench/watermill in Config.PeerDir, compiled once per Run
+// with `go test -c`) against the same PostgreSQL and broker t, with the
+// same number of events, body size, producers and rates, alternating
+// with ferry's own end-to-end and latency runs on t: ferry end to end,
+// then Watermill's; per rate, ferry's latency, then Watermill's. The
+// ratios of each broker come from these side-by-side runs, not from the
+// end-to-end and latency scenarios of the same run (which may be minutes
+// away, or absent).
 func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
-	if t.Name != "rabbitmq" {
-		return []Result{{Status: statusUnsupported, Note: "the Watermill peer runs on RabbitMQ only"}}, nil
+	if !slices.Contains(PeerBrokers, t.Name) {
+		return []Result{{Status: statusUnsupported, Note: "no Watermill Pub/Sub for " + t.Name + " in the peer module"}}, nil
 	}
 	if r.cfg.PeerDir == "" {
 		return []Result{{Status: statusUnsupported, Note: "needs the Watermill module (bench/watermill of a ferry checkout, --peer-dir) and the go command"}}, nil
 	}
-	n := r.cfg.Messages
-	base := append(os.Environ(), "FERRY_DATABASE_URL="+r.cfg.DatabaseURL, "FERRY_RABBITMQ_URL="+t.URL, "FERRY_BENCH_EVENTS="+strconv.Itoa(n))
-	b := r.newBar("peer watermill end-to-end", 1)
-	e2e, err := r.goBench(ctx, "^BenchmarkEndToEnd$", base)
+	env, err := r.peerEnv(t)
 	if err != nil {
 		return nil, err
 	}
-	b.finish(1)
+	bin, err := r.peerBinary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n := r.cfg.Messages
 	var out []Result
-	ferryE2E, _ := r.ferryFigure(ScenarioEndToEnd, "", "throughput")
+
+	// End to end: ferry, then Watermill (both profiles).
+	fe, err := r.endToEnd(ctx, t)
+	if err != nil {
+		return nil, fmt.Errorf("ferry end-to-end: %w", err)
+	}
+	ferryE2E := peerFerryRow(fe[0], PeerFerryEndToEnd, "throughput", "CPU ferry", "CPU postgres", "CPU broker", "CPU all")
+	out = append(out, ferryE2E)
+	b := r.newBar("peer watermill "+t.Name+" end-to-end", 1)
+	e2e, err := r.goBench(ctx, bin, "^BenchmarkEndToEnd$/^"+t.Name+"$", append(env, "FERRY_BENCH_EVENTS="+strconv.Itoa(n)))
+	if err != nil {
+		return out, err
+	}
+	b.finish(1)
+	wmE2E := map[string]Result{}
 	for _, p := range peerProfiles {
-		m, ok := e2e["BenchmarkEndToEnd/"+p]
+		m, ok := e2e["BenchmarkEndToEnd/"+t.Name+"/"+p]
 		if !ok {
-			return nil, fmt.Errorf("watermill: no BenchmarkEndToEnd/%s line", p)
+			return out, fmt.Errorf("watermill: no BenchmarkEndToEnd/%s/%s line", t.Name, p)
 		}
-		res := Result{Variant: p + ", end-to-end", Messages: n}
+		res := Result{Variant: "watermill " + p + ", end-to-end", Messages: n}
+		if r.cfg.Rate > 0 {
+			res.Note = "producers flat out (--rate applies to ferry only)"
+		}
 		res.add("throughput", m["e2e-events/s"], "events/s")
-		if ferryE2E > 0 && m["e2e-events/s"] > 0 {
-			res.add("ferry/watermill throughput", ferryE2E/m["e2e-events/s"], "")
+		for _, c := range []struct{ unit, name string }{
+			{"app-cpu-s/1k", "CPU app"}, {"postgres-cpu-s/1k", "CPU postgres"}, {t.Name + "-cpu-s/1k", "CPU broker"}, {"all-cpu-s/1k", "CPU all"},
+		} {
+			if v, ok := m[c.unit]; ok {
+				res.add(c.name, v, "s/1k events")
+			}
 		}
-		if v, ok := m["all-cpu-s/1k"]; ok {
-			res.add("CPU all", v, "s/1k events")
-		}
+		wmE2E[p] = res
 		out = append(out, res)
 	}
+
+	// Latency: per rate, ferry, then Watermill (both profiles).
 	rates := []int{200, 1000}
 	if r.cfg.Rate > 0 {
 		rates = []int{r.cfg.Rate}
 	}
+	ferryP99 := map[int]float64{}
+	wmP99 := map[string]map[int]float64{}
 	for _, rt := range rates {
+		fl, err := r.latencyAt(ctx, t, rt)
+		if err != nil {
+			return out, fmt.Errorf("ferry latency at %d/s: %w", rt, err)
+		}
+		row := peerFerryRow(fl, fmt.Sprintf("ferry, %d/s", rt), "p50", "p99", "max")
+		row.Latency, row.Series = fl.Latency, fl.Series
+		out = append(out, row)
+		ferryP99[rt], _ = fl.figure("p99")
+
 		events := max(min(n, rt*10), 50)
-		b := r.newBar(fmt.Sprintf("peer watermill %d/s", rt), 1)
-		lat, err := r.goBench(ctx, "^BenchmarkLatency$", append(base, "FERRY_BENCH_LATENCY_RATE="+strconv.Itoa(rt), "FERRY_BENCH_LATENCY_EVENTS="+strconv.Itoa(events)))
+		b := r.newBar(fmt.Sprintf("peer watermill %s %d/s", t.Name, rt), 1)
+		lat, err := r.goBench(ctx, bin, "^BenchmarkLatency$/^"+t.Name+"$", append(env,
+			"FERRY_BENCH_LATENCY_RATE="+strconv.Itoa(rt), "FERRY_BENCH_LATENCY_EVENTS="+strconv.Itoa(events)))
 		if err != nil {
 			return out, err
 		}
 		b.finish(1)
-		ferryP99, _ := r.ferryFigure(ScenarioLatency, fmt.Sprintf("%d/s", rt), "p99")
 		for _, p := range peerProfiles {
-			m, ok := lat[fmt.Sprintf("BenchmarkLatency/%s/rate=%d", p, rt)]
+			m, ok := lat[fmt.Sprintf("BenchmarkLatency/%s/%s/rate=%d", t.Name, p, rt)]
 			if !ok {
-				return out, fmt.Errorf("watermill: no BenchmarkLatency/%s/rate=%d line", p, rt)
+				return out, fmt.Errorf("watermill: no BenchmarkLatency/%s/%s/rate=%d line", t.Name, p, rt)
 			}
-			res := Result{Variant: fmt.Sprintf("%s, %d/s", p, rt), Messages: events}
+			res := Result{Variant: fmt.Sprintf("watermill %s, %d/s", p, rt), Messages: events}
 			res.add("p50", m["p50-ms"], "ms")
 			res.add("p99", m["p99-ms"], "ms")
 			res.add("max", m["max-ms"], "ms")
-			if ferryP99 > 0 && m["p99-ms"] > 0 {
-				res.add("ferry/watermill p99", ferryP99/m["p99-ms"], "")
+			if paced, ok := m["paced-events/s"]; ok && paced < 0.9*float64(rt) {
+				res.Note = fmt.Sprintf("producers reached %.0f/s of %d/s", paced, rt)
 			}
+			if wmP99[p] == nil {
+				wmP99[p] = map[int]float64{}
+			}
+			wmP99[p][rt] = m["p99-ms"]
 			out = append(out, res)
 		}
+	}
+
+	// The ratios, one row per profile.
+	for _, p := range peerProfiles {
+		res := Result{Variant: PeerRatio + p, Messages: n,
+			Note: "each pair measured one after the other; CPU of all processes (own, PostgreSQL, broker)"}
+		wm := wmE2E[p]
+		if f, ok := ferryE2E.figure("throughput"); ok {
+			if w, ok := wm.figure("throughput"); ok && w > 0 {
+				res.add(PeerThroughputRatio, f/w, "")
+			}
+		}
+		if f, ok := ferryE2E.figure("CPU all"); ok {
+			if w, ok := wm.figure("CPU all"); ok && w > 0 {
+				res.add(PeerCPURatio, f/w, "")
+			}
+		}
+		for _, rt := range rates {
+			if w := wmP99[p][rt]; w > 0 && ferryP99[rt] > 0 {
+				res.add(fmt.Sprintf("%s %d/s", PeerP99Ratio, rt), ferryP99[rt]/w, "")
+			}
+		}
+		out = append(out, res)
+	}
+	if rn, ok := peerRetryNotes[t.Name]; ok {
+		out = append(out, Result{Variant: peerRetry, Status: rn.status, Note: rn.note})
 	}
 	return out, nil
 }
 
-// ferryFigure returns a figure of ferry's own rabbitmq result of this run.
-func (r *runner) ferryFigure(scenario, variant, name string) (float64, bool) {
-	for _, res := range r.results {
-		if res.Scenario == scenario && res.Broker == "rabbitmq" && res.Variant == variant && res.Status == statusOK {
-			return res.figure(name)
+// peerFerryRow is ferry's result res of this peer run under variant,
+// with only the named figures ("CPU ferry" renamed "CPU app", the
+// column of Watermill's own process).
+func peerFerryRow(res Result, variant string, names ...string) Result {
+	row := Result{Variant: variant, Messages: res.Messages, Seconds: res.Seconds, Note: res.Note}
+	for _, name := range names {
+		for _, f := range res.Figures {
+			if f.Name == name {
+				if name == "CPU ferry" {
+					f.Name = "CPU app"
+				}
+				row.Figures = append(row.Figures, f)
+			}
 		}
 	}
-	return 0, false
+	return row
 }
 
-// goBench runs `go test -run ^$ -bench pattern -benchtime 1x` in the peer
-// module with env and returns each benchmark's metrics by name (the
-// -GOMAXPROCS suffix cut off).
-func (r *runner) goBench(ctx context.Context, pattern string, env []string) (map[string]map[string]float64, error) {
+// peerEnv is the environment of the peer's benchmarks on t: the run's
+// database, t's server, body size and producers.
+func (r *runner) peerEnv(t Target) ([]string, error) {
+	env := append(os.Environ(), "FERRY_DATABASE_URL="+r.cfg.DatabaseURL,
+		"FERRY_BENCH_SIZE="+strconv.Itoa(r.cfg.Size), "FERRY_BENCH_PRODUCERS="+strconv.Itoa(producers))
+	if t.URL == "" {
+		return nil, fmt.Errorf("watermill: no server URL for %s", t.Name)
+	}
+	switch t.Name {
+	case "rabbitmq":
+		env = append(env, "FERRY_RABBITMQ_URL="+t.URL)
+	case "kafka":
+		env = append(env, "FERRY_KAFKA_BROKERS="+strings.TrimPrefix(t.URL, "kafka://"))
+	case "nats":
+		env = append(env, "FERRY_NATS_URL="+t.URL)
+	case "sqs":
+		// The region is FERRY_AWS_REGION's, as the peer finds it.
+		env = append(env, "FERRY_SQS_ENDPOINT="+t.URL)
+	}
+	return env, nil
+}
+
+// peerBinary compiles the peer module's benchmarks once per Run (`go test
+// -c` in Config.PeerDir, into a temporary folder removed at the end of
+// Run) and returns the binary's path.
+func (r *runner) peerBinary(ctx context.Context) (string, error) {
+	if r.peerBin != "" {
+		return r.peerBin, nil
+	}
+	dir, err := os.MkdirTemp("", "ferry-bench-peer-")
+	if err != nil {
+		return "", fmt.Errorf("watermill: %w", err)
+	}
+	r.peerCleanup = append(r.peerCleanup, func() { _ = os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "watermill.test")
+	b := r.newBar("peer watermill: go test -c", 1)
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", bin, ".")
+	cmd.Dir = r.cfg.PeerDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("watermill: go test -c in %s: %w\n%s", r.cfg.PeerDir, err, tail(string(out), 2000))
+	}
+	b.finish(1)
+	r.peerBin = bin
+	return bin, nil
+}
+
+// goBench runs the peer's test binary bin with `-test.run ^$ -test.bench
+// pattern -test.benchtime 1x` in Config.PeerDir with env and returns each
+// benchmark's metrics by name (the -GOMAXPROCS suffix cut off).
+func (r *runner) goBench(ctx context.Context, bin, pattern string, env []string) (map[string]map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchtime", "1x", "-count", "1", "-timeout", "30m", ".")
+	cmd := exec.CommandContext(ctx, bin, "-test.run", "^$", "-test.bench", pattern, "-test.benchtime", "1x", "-test.count", "1", "-test.timeout", "30m")
 	cmd.Dir, cmd.Env = r.cfg.PeerDir, env
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("watermill: go test -bench %s in %s: %w\n%s", pattern, r.cfg.PeerDir, err, tail(buf.String(), 2000))
+		return nil, fmt.Errorf("watermill: -test.bench %s in %s: %w\n%s", pattern, r.cfg.PeerDir, err, tail(buf.String(), 2000))
 	}
-	return parseBench(buf.String()), nil
+	res := parseBench(buf.String())
+	if len(res) == 0 {
+		return nil, fmt.Errorf("watermill: -test.bench %s in %s: no benchmark ran\n%s", pattern, r.cfg.PeerDir, tail(buf.String(), 2000))
+	}
+	return res, nil
 }
 
 // parseBench reads the result lines of `go test -bench`:

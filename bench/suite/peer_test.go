@@ -12,18 +12,39 @@ import (
 
 func TestParseBench(t *testing.T) {
 	out := `goos: linux
-BenchmarkEndToEnd/defaults-2         	       1	       196.2 e2e-events/s	       7.13 all-cpu-s/1k	         0 ns/op
+BenchmarkEndToEnd/kafka/defaults-2   	       1	       196.2 e2e-events/s	       7.13 all-cpu-s/1k	         0 ns/op
     bench_test.go:62: 300 events, 4 producers
-BenchmarkLatency/tuned/rate=200-2    	       1	         5.400 p50-ms	        12.70 p99-ms
+BenchmarkLatency/nats/tuned/rate=200-2	       1	         5.400 p50-ms	        12.70 p99-ms
 BenchmarkBroken	notanumber
 PASS
 ok  	github.com/ferrymq/ferry/bench/watermill	12.3s
 `
 	got := parseBench(out)
 	require.Equal(t, map[string]map[string]float64{
-		"BenchmarkEndToEnd/defaults":      {"e2e-events/s": 196.2, "all-cpu-s/1k": 7.13, "ns/op": 0},
-		"BenchmarkLatency/tuned/rate=200": {"p50-ms": 5.4, "p99-ms": 12.7},
+		"BenchmarkEndToEnd/kafka/defaults":     {"e2e-events/s": 196.2, "all-cpu-s/1k": 7.13, "ns/op": 0},
+		"BenchmarkLatency/nats/tuned/rate=200": {"p50-ms": 5.4, "p99-ms": 12.7},
 	}, got)
+}
+
+// Every broker of the peer says what its Pub/Sub does for a delayed
+// retry, and ferry's row keeps only the figures asked for, its process
+// named like Watermill's.
+func TestPeerRows(t *testing.T) {
+	for _, b := range PeerBrokers {
+		n, ok := peerRetryNotes[b]
+		require.True(t, ok, b)
+		require.NotEmpty(t, n.note, b)
+		require.Contains(t, []string{statusUnsupported, statusNotBuilt}, n.status, b)
+	}
+	res := Result{Messages: 300, Note: "n"}
+	res.add("throughput", 900, "events/s")
+	res.add("produced", 1000, "events/s")
+	res.add("CPU ferry", 0.3, "s/1k events")
+	res.add("CPU all", 1.1, "s/1k events")
+	row := peerFerryRow(res, PeerFerryEndToEnd, "throughput", "CPU ferry", "CPU broker", "CPU all")
+	require.Equal(t, Result{Variant: PeerFerryEndToEnd, Messages: 300, Note: "n", Figures: []Figure{
+		{Name: "throughput", Value: 900, Unit: "events/s"}, {Name: "CPU app", Value: 0.3, Unit: "s/1k events"}, {Name: "CPU all", Value: 1.1, Unit: "s/1k events"},
+	}}, row)
 }
 
 func TestConfigDefaultsAndErrors(t *testing.T) {

@@ -267,11 +267,15 @@ type runner struct {
 	// this run, the denominator of pipeline's ratio.
 	rawPublish map[string]float64
 	servers    map[string]string
-	// results are the results so far (peer quotes ferry's).
+	// results are the results so far.
 	results []Result
 	// clusterOps are the clusters' processes and memory, measured by
 	// the failover scenario while they ran.
 	clusterOps []Operations
+	// peerBin is the peer module's compiled benchmarks (peerBinary);
+	// peerCleanup removes them at the end of Run.
+	peerBin     string
+	peerCleanup []func()
 }
 
 // Run runs the scenarios of cfg on every target, writes results.json,
@@ -289,6 +293,11 @@ func Run(ctx context.Context, c Config) (*Results, error) {
 		return nil, fmt.Errorf("bench: --out %s: %w", cfg.Out, err)
 	}
 	r := &runner{cfg: cfg, log: cfg.Logger, rawPublish: map[string]float64{}, servers: map[string]string{}}
+	defer func() {
+		for _, f := range r.peerCleanup {
+			f()
+		}
+	}()
 	res := &Results{
 		Started: time.Now().UTC(), Command: cfg.Command, Host: readHost(), Servers: r.servers, Clients: clientVersions(),
 		Settings: map[string]any{

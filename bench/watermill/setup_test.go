@@ -13,13 +13,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/bench/suite"
@@ -28,51 +26,18 @@ import (
 	"github.com/ferrymq/ferry/outbox"
 )
 
+// forwarderTopic is the watermill-sql topic (table
+// watermill_<topic>) the producers write and the forwarder polls;
+// consumerName is the consumer's name in processed_messages.
 const (
-	// forwarderTopic is the watermill-sql topic (table
-	// watermill_<topic>) the producers write and the forwarder polls.
 	forwarderTopic = "events_forwarder"
 	consumerName   = "bench"
 )
 
-// profile is one Watermill configuration.
-type profile struct {
-	name string
-	// pollInterval is watermill-sql's SubscriberConfig.PollInterval
-	// (0: its default, 1 s).
-	pollInterval time.Duration
-	// confirm is watermill-amqp's Publish.ConfirmDelivery (default off).
-	confirm bool
-	// channelPool is Publish.ChannelPoolSize (0: default, a new channel
-	// per Publish).
-	channelPool int
-	// prefetch is Consume.Qos.PrefetchCount (NewDurableQueueConfig: 1).
-	prefetch int
-	// consumers is how many subscriptions consume the queue at once, each
-	// handling one message at a time (a Watermill subscription's
-	// messages are handled in order: the next after the ack).
-	consumers int
-}
-
-// profiles: Watermill's defaults (NewDurableQueueConfig, the SQL
-// subscriber's defaults, one consumer) and the tuned settings of issue 10.
-var profiles = []profile{
-	{name: "defaults", prefetch: 1, consumers: 1},
-	{name: "tuned", pollInterval: 10 * time.Millisecond, confirm: true, channelPool: 1, prefetch: 16, consumers: 4},
-}
-
-func (p profile) String() string {
-	poll := p.pollInterval.String()
-	if p.pollInterval == 0 {
-		poll = "default 1s"
-	}
-	return fmt.Sprintf("watermill %s: sql PollInterval=%s SubscribeBatchSize=default 100; amqp ConfirmDelivery=%v ChannelPoolSize=%d Prefetch=%d; %d consumers",
-		p.name, poll, p.confirm, p.channelPool, p.prefetch, p.consumers)
-}
-
 // settings are bench's variables that apply here.
 type settings struct {
 	events, producers int
+	size              int // event body in bytes
 	latencyEvents     int
 	latencyRates      []int
 }
@@ -92,6 +57,7 @@ func loadSettings(b *testing.B) settings {
 	s := settings{
 		events:        envInt("FERRY_BENCH_EVENTS", 20000),
 		producers:     envInt("FERRY_BENCH_PRODUCERS", 4),
+		size:          envInt("FERRY_BENCH_SIZE", suite.DefaultSize),
 		latencyEvents: envInt("FERRY_BENCH_LATENCY_EVENTS", 1<<30),
 		latencyRates:  []int{200, 1000},
 	}
@@ -168,42 +134,12 @@ func newSQLSubscriber(pool *pgxpool.Pool, p profile) (*wsql.Subscriber, error) {
 	}, logger)
 }
 
-func amqpConfig(p profile) wamqp.Config {
-	cfg := wamqp.NewDurableQueueConfig(testenv.RabbitMQURL())
-	cfg.Publish.ConfirmDelivery = p.confirm
-	cfg.Publish.ChannelPoolSize = p.channelPool
-	cfg.Consume.Qos.PrefetchCount = p.prefetch
-	return cfg
-}
-
-// newQueue returns a unique AMQP topic (queue name), deleted when the
-// benchmark ends.
-func newQueue(b *testing.B) string {
-	q := testenv.UniqueName("wmbench")
-	b.Cleanup(func() {
-		conn, err := amqp.Dial(testenv.RabbitMQURL())
-		if err != nil {
-			b.Logf("watermill bench: delete queue %s: %v", q, err)
-			return
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			b.Logf("watermill bench: delete queue %s: %v", q, err)
-			return
-		}
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			b.Logf("watermill bench: delete queue %s: %v", q, err)
-		}
-	})
-	return q
-}
-
 // produce commits one business row and its event in one transaction, the
 // way Watermill documents its outbox: watermill-sql's publisher on the
 // transaction, wrapped by the forwarder's publisher (which envelopes the
-// message with its destination topic). It returns the business row's id.
-func produce(ctx context.Context, pool *pgxpool.Pool, topic string) (int64, error) {
+// message with its destination topic); the event's body is size bytes.
+// It returns the business row's id.
+func produce(ctx context.Context, pool *pgxpool.Pool, topic string, size int) (int64, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -218,7 +154,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool, topic string) (int64, erro
 		return 0, err
 	}
 	// The event is ferry bench's (suite.EventBody, suite.Traceparent).
-	msg := message.NewMessage(watermill.NewUUID(), suite.EventBody(id, suite.DefaultSize))
+	msg := message.NewMessage(watermill.NewUUID(), suite.EventBody(id, size))
 	msg.Metadata.Set("traceparent", suite.Traceparent)
 	msg.Metadata.Set("created_at", time.Now().UTC().Format(time.RFC3339Nano))
 	if err := forwarder.NewPublisher(sqlPub, forwarder.PublisherConfig{ForwarderTopic: forwarderTopic}).Publish(topic, msg); err != nil {
@@ -230,26 +166,28 @@ func produce(ctx context.Context, pool *pgxpool.Pool, topic string) (int64, erro
 	return id, nil
 }
 
-// burst commits n events from producers goroutines as fast as they go
+// burst commits n events from s.producers goroutines as fast as they go
 // (suite.Produce, ferry bench's producers) and returns the elapsed time
 // and the first error.
-func burst(ctx context.Context, pool *pgxpool.Pool, topic string, producers, n int) (time.Duration, error) {
-	return suite.Produce(ctx, n, producers, 0, func(ctx context.Context) (int64, error) { return produce(ctx, pool, topic) }, nil)
+func burst(ctx context.Context, pool *pgxpool.Pool, topic string, s settings, n int) (time.Duration, error) {
+	return suite.Produce(ctx, n, s.producers, 0, func(ctx context.Context) (int64, error) { return produce(ctx, pool, topic, s.size) }, nil)
 }
 
 // pipeline is a forwarder and consumers running on one database and
-// queue.
+// topic.
 type pipeline struct {
 	acked, dups, failed atomic.Int64
 	done                chan struct{}
 	stop                func()
 }
 
-// startPipeline starts the forwarder (watermill-sql subscriber on its own
-// pool into a watermill-amqp publisher) and p.consumers watermill-amqp
-// subscriptions, whose handler, in one transaction, inserts the message's
-// UUID into processed_messages (a duplicate is acked without effect) and
-// marks the business row sent; then acks.
+// startPipeline starts the forwarder (a watermill-sql subscriber on its
+// own pool into p's broker publisher) and p's subscriptions, which
+// handle each message in a goroutine of its own, as Watermill's Router
+// does (how many run at once is the Pub/Sub's: a subscription hands out
+// its next message after the ack). The handler, in one transaction,
+// inserts the message's UUID into processed_messages (a duplicate is
+// acked without effect) and marks the business row sent; then acks.
 func startPipeline(b *testing.B, db database, topic string, p profile, target int64, onHandled func(id int64)) *pipeline {
 	b.Helper()
 	ctx, cancel := context.WithCancel(benchCtx(b))
@@ -258,15 +196,19 @@ func startPipeline(b *testing.B, db database, topic string, p profile, target in
 	fwdPool := db.newPool(b, 2)
 	sqlSub, err := newSQLSubscriber(fwdPool, p)
 	must(b, err)
-	amqpPub, err := wamqp.NewPublisher(amqpConfig(p), logger)
+	pub, err := p.ps.publisher()
 	must(b, err)
-	fwd, err := forwarder.NewForwarder(sqlSub, amqpPub, logger, forwarder.Config{ForwarderTopic: forwarderTopic})
+	fwd, err := forwarder.NewForwarder(sqlSub, pub, logger, forwarder.Config{ForwarderTopic: forwarderTopic})
 	must(b, err)
 
-	conPool := db.newPool(b, p.consumers+2)
-	amqpSub, err := wamqp.NewSubscriber(amqpConfig(p), logger)
+	conPool := db.newPool(b, p.ps.inFlight()+2)
+	sub, err := p.ps.subscriber(topic)
 	must(b, err)
-	must(b, amqpSub.SubscribeInitialize(topic))
+	si, ok := sub.(message.SubscribeInitializer)
+	if !ok {
+		b.Fatalf("watermill bench: %T has no SubscribeInitialize", sub)
+	}
+	must(b, si.SubscribeInitialize(topic))
 
 	var wg sync.WaitGroup
 	fwdErr := make(chan error, 1)
@@ -276,29 +218,34 @@ func startPipeline(b *testing.B, db database, topic string, p profile, target in
 	case err := <-fwdErr:
 		b.Fatalf("watermill bench: forwarder: %v", err)
 	}
-	for range p.consumers {
-		msgs, err := amqpSub.Subscribe(ctx, topic)
+	consume := func(msg *message.Message) {
+		dup, err := handle(ctx, conPool, msg, onHandled)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				pl.failed.Add(1)
+				b.Logf("watermill bench: handler: %v", err)
+			}
+			msg.Nack()
+		case dup:
+			pl.dups.Add(1)
+			msg.Ack()
+		default:
+			msg.Ack()
+			if pl.acked.Add(1) == target {
+				close(pl.done)
+			}
+		}
+	}
+	for range p.ps.subscriptions() {
+		msgs, err := sub.Subscribe(ctx, topic)
 		must(b, err)
 		wg.Go(func() {
+			var handlers sync.WaitGroup
 			for msg := range msgs {
-				dup, err := handle(ctx, conPool, msg, onHandled)
-				switch {
-				case err != nil:
-					if ctx.Err() == nil {
-						pl.failed.Add(1)
-						b.Logf("watermill bench: handler: %v", err)
-					}
-					msg.Nack()
-				case dup:
-					pl.dups.Add(1)
-					msg.Ack()
-				default:
-					msg.Ack()
-					if pl.acked.Add(1) == target {
-						close(pl.done)
-					}
-				}
+				handlers.Go(func() { consume(msg) })
 			}
+			handlers.Wait()
 		})
 	}
 	var once sync.Once
@@ -311,9 +258,9 @@ func startPipeline(b *testing.B, db database, topic string, p profile, target in
 				b.Errorf("watermill bench: forwarder: %v", err)
 			}
 			cancel()
-			must(b, amqpSub.Close())
+			must(b, sub.Close())
 			wg.Wait()
-			must(b, amqpPub.Close())
+			must(b, pub.Close())
 			fwdPool.Close()
 			conPool.Close()
 		})
@@ -366,15 +313,16 @@ func countSent(b *testing.B, db database) int64 {
 }
 
 // startCost and stopCost are bench's: CPU of this process ("app"),
-// PostgreSQL and RabbitMQ (withBroker), WAL and commits.
-func startCost(b *testing.B, db database, withBroker bool) *runcost.Meter {
+// PostgreSQL and, when broker is set, the broker's server (named by
+// broker.name), WAL and commits.
+func startCost(b *testing.B, db database, broker *peerBroker) *runcost.Meter {
 	b.Helper()
 	ctx := benchCtx(b)
 	pg, err := runcost.Postgres(ctx, db.pool)
 	must(b, err)
 	procs := []runcost.Process{runcost.Self("app"), pg}
-	if withBroker {
-		p, err := runcost.Listener("rabbitmq", testenv.RabbitMQURL())
+	if broker != nil {
+		p, err := runcost.Listener(broker.name, broker.server())
 		must(b, err)
 		procs = append(procs, p)
 	}

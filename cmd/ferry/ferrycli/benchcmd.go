@@ -140,7 +140,7 @@ func (o BrokerOptions) brokerArgs() []string {
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer (RabbitMQ only), failover on a 3-node cluster; writes results.json, results.md and charts",
+		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer (every broker, beside ferry), failover on a 3-node cluster; writes results.json, results.md and charts",
 		Description: "Without --brokers, bench starts embedded PostgreSQL and NATS JetStream in its own process, so it\n" +
 			"runs on a machine with nothing installed. With --brokers it uses the servers of --database-url\n" +
 			"(embedded PostgreSQL when not given) and of each broker's URL flag. Every scenario runs on every\n" +

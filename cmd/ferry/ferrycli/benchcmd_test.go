@@ -27,7 +27,9 @@ import (
 // nothing about speed. The faults scenario restarts each broker through
 // compose/local/services.sh and kills relay and worker, which run as
 // children of this test binary (see TestMain); the peer scenario runs the
-// Watermill module's benchmarks (bench/watermill) with the go command.
+// Watermill module's benchmarks (bench/watermill, compiled with the go
+// command) on every broker, beside ferry's own end-to-end and latency
+// runs.
 func TestBenchSmoke(t *testing.T) {
 	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
 	// A bound on a hung run, not a speed check: four brokers with real
@@ -109,12 +111,18 @@ func TestBenchSmoke(t *testing.T) {
 						require.Zero(t, figure(r, "refused bindings"), "RabbitMQ's topic exchange takes every pattern: %s", r.Note)
 					}
 				case suite.ScenarioPeer:
-					require.Equal(t, "rabbitmq", br, "the Watermill peer runs on RabbitMQ only")
-					if strings.HasSuffix(r.Variant, "end-to-end") {
-						require.Positive(t, figure(r, "throughput"))
-						require.Positive(t, figure(r, "ferry/watermill throughput"))
-					} else {
-						require.Positive(t, figure(r, "p99"))
+					switch {
+					case strings.HasSuffix(r.Variant, "end-to-end"):
+						require.Positive(t, figure(r, "throughput"), "%s %s", br, r.Variant)
+						require.Positive(t, figure(r, "CPU all"), "%s %s", br, r.Variant)
+						require.Equal(t, 300, r.Messages, "%s %s", br, r.Variant)
+					case strings.HasSuffix(r.Variant, "/s"):
+						require.Positive(t, figure(r, "p99"), "%s %s", br, r.Variant)
+					case strings.HasPrefix(r.Variant, suite.PeerRatio):
+						require.Positive(t, figure(r, suite.PeerThroughputRatio), "%s %s", br, r.Variant)
+						require.Positive(t, figure(r, suite.PeerCPURatio), "%s %s", br, r.Variant)
+						require.Positive(t, figure(r, suite.PeerP99Ratio+" 200/s"), "%s %s", br, r.Variant)
+						require.Positive(t, figure(r, suite.PeerP99Ratio+" 1000/s"), "%s %s", br, r.Variant)
 					}
 				case suite.ScenarioRetry:
 					require.Equal(t, 3.0, figure(r, "attempts before DLQ"), br)
@@ -122,6 +130,22 @@ func TestBenchSmoke(t *testing.T) {
 				}
 			}
 		}
+		// The Watermill peer runs on every broker: ferry's runs and
+		// Watermill's, both profiles, end to end and at both rates, and
+		// the ratios; a delayed retry is said, not dropped.
+		peer := map[string]string{}
+		for _, r := range got[key{suite.ScenarioPeer, br}] {
+			peer[r.Variant] = r.Status
+		}
+		for _, v := range []string{suite.PeerFerryEndToEnd, "ferry, 200/s", "ferry, 1000/s"} {
+			require.Equal(t, "ok", peer[v], "peer on %s: %s", br, v)
+		}
+		for _, p := range []string{"defaults", "tuned"} {
+			for _, v := range []string{"watermill " + p + ", end-to-end", "watermill " + p + ", 200/s", "watermill " + p + ", 1000/s", suite.PeerRatio + p} {
+				require.Equal(t, "ok", peer[v], "peer on %s: %s", br, v)
+			}
+		}
+		require.Contains(t, peer, "retry after 1 s", "peer on %s", br)
 		require.Equal(t, "ok", got[key{suite.ScenarioPipeline, br}][0].Status, br)
 		require.Equal(t, "ok", got[key{suite.ScenarioFaults, br}][0].Status, br)
 		require.Equal(t, "ok", got[key{suite.ScenarioRouting, br}][0].Status, br)

@@ -410,7 +410,10 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 	}
 	defer r.closeReplication(conn)
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Slot + "'"}})
+		// binary: the columns in their binary send format (PostgreSQL 14
+		// or later): a third fewer bytes than text for the outbox's rows
+		// (no hex bytea, no timestamp text) to send and to decode.
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Slot + "'", "binary 'true'"}})
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {
@@ -667,27 +670,41 @@ func (r *Relay) walMessage(rel *pglogrepl.RelationMessage, tup *pglogrepl.TupleD
 			break
 		}
 		rc := rel.Columns[i]
-		data := col.Data
-		isNull := col.DataType == 'n'
+		data := col.Data // the decoder's own copy
+		isNull := col.DataType == pglogrepl.TupleDataTypeNull
+		// The stream asks for the binary format (walStream), but a
+		// column may come as text: decode each as it says.
+		format := int16(pgtype.TextFormatCode)
+		if col.DataType == pglogrepl.TupleDataTypeBinary {
+			format = pgtype.BinaryFormatCode
+		}
 		var err error
 		switch rc.Name {
 		case "id":
-			id, err = strconv.ParseInt(string(data), 10, 64)
-		case "event_type":
+			err = types.Scan(pgtype.Int8OID, format, data, &id)
+		case "event_type": // text: the same bytes in both formats
 			m.Type = string(data)
 		case "partition_key":
 			m.Key = string(data)
 		case "payload":
-			var b []byte
-			err = types.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, data, &b)
-			m.Body = b
+			if format == pgtype.BinaryFormatCode {
+				m.Body = data
+			} else {
+				err = types.Scan(pgtype.ByteaOID, format, data, &m.Body)
+			}
 			if m.Body == nil {
 				m.Body = []byte{}
 			}
 		case "headers":
 			headers = data
+			if format == pgtype.BinaryFormatCode && len(data) > 0 {
+				if data[0] != 1 {
+					err = fmt.Errorf("jsonb binary format version %d, want 1", data[0])
+				}
+				headers = data[1:] // jsonb_send: version 1, then the text
+			}
 		case "occurred_at":
-			err = types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, data, &occ)
+			err = types.Scan(pgtype.TimestamptzOID, format, data, &occ)
 		case "destination":
 			skip = skip || string(data) != r.cfg.Destination
 		case "next_attempt_at", "processed_at":

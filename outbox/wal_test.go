@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -480,8 +481,10 @@ func TestWALRelayBacklogRetainsAndAlerts(t *testing.T) {
 }
 
 // Under concurrent producers every message the stream publishes is its
-// own row: the ID, key, body and headers of the row (a key and body made
-// unique per event, checked pairwise), each event once.
+// own row: the ID, key, body, headers and created-at time (occurred_at)
+// of the row (a key and body made unique per event, checked pairwise),
+// each event once; an event with an empty body and no headers comes as
+// such.
 func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -490,16 +493,31 @@ func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 	runRelay(t, newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, BatchSize: 50}))
 	waitStreaming(t, rg.pool, slot)
 	const producers, each = 4, 250
-	want := map[string]string{} // id -> key
+	type row struct {
+		key, created string
+	}
+	want := map[string]row{} // id -> its row
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for p := range producers {
 		wg.Go(func() {
 			for i := range each {
 				k := fmt.Sprintf("p%d-e%d", p, i)
-				ids := enqueue(t, rg.pool, outbox.Event{Type: "test.rows", Key: k, Body: []byte("body-" + k), Headers: map[string]string{"h": "hv-" + k}})
+				ev := outbox.Event{Type: "test.rows", Key: k, Body: []byte("body-" + k), Headers: map[string]string{"h": "hv-" + k}}
+				if i == 0 {
+					ev.Body, ev.Headers = []byte{}, nil
+				}
+				var occ time.Time
+				var ids []int64
+				require.NoError(t, pgx.BeginFunc(ctx, rg.pool, func(tx pgx.Tx) error {
+					var err error
+					if ids, err = outbox.Enqueue(ctx, tx, ev); err != nil {
+						return err
+					}
+					return tx.QueryRow(ctx, `SELECT occurred_at FROM outbox WHERE id = $1`, ids[0]).Scan(&occ)
+				}))
 				mu.Lock()
-				want[strconv.FormatInt(ids[0], 10)] = k
+				want[strconv.FormatInt(ids[0], 10)] = row{k, broker.FormatTime(occ)}
 				mu.Unlock()
 			}
 		})
@@ -507,14 +525,19 @@ func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 	wg.Wait()
 	counts, msgs := collect(t, rg.b, rg.queue, producers*each, 300*time.Millisecond)
 	require.Len(t, counts, producers*each)
-	for id, k := range want {
+	for id, w := range want {
 		m := msgs[id]
 		require.NotNil(t, m, "id %s", id)
-		require.Equal(t, k, m.Key, "id %s", id)
-		require.Equal(t, "body-"+k, string(m.Body), "id %s", id)
-		require.Equal(t, "hv-"+k, m.Headers["h"], "id %s", id)
+		require.Equal(t, w.key, m.Key, "id %s", id)
+		require.Equal(t, w.created, m.Headers[broker.HeaderCreatedAt], "id %s", id)
+		if strings.HasSuffix(w.key, "-e0") {
+			require.Empty(t, m.Body, "id %s", id)
+			require.NotContains(t, m.Headers, "h", "id %s", id)
+			continue
+		}
+		require.Equal(t, "body-"+w.key, string(m.Body), "id %s", id)
+		require.Equal(t, "hv-"+w.key, m.Headers["h"], "id %s", id)
 	}
-	_ = ctx
 }
 
 // ResetWALSlot refuses a slot a relay streams from now (resetting under it

@@ -324,14 +324,21 @@
 // the same.
 //
 // What it does per batch: the stream delivers committed transactions in
-// commit order; the relay publishes their events in batches of up to
-// BatchSize (whole transactions; a larger one in several batches) through
-// the same code as the polling relay (publish, classify the broker's
-// answer, park a message fault, record an outage, OnBatch, logs), then
-// deletes the confirmed rows in one statement and commits, and only then
-// moves the slot's confirmed position past the transactions wholly
-// settled, reported to the server every StatusInterval (1 s). No row
-// version is written, no claim, no slot lock. Measured (BenchmarkWALShapes,
+// commit order (a large one in chunks of BatchSize events, published while
+// the rest is read: pgoutput sends a transaction only once it committed);
+// the relay cuts them into batches of up to Concurrency×BatchSize events
+// and splits each batch into one part per publishing lane by partition
+// key (a hash of the key; events without a key go to the least loaded
+// lane). Each lane publishes its parts in batch order, in Publish calls of
+// up to BatchSize, through the same code as the polling relay (publish,
+// classify the broker's answer, park a message fault, record an outage,
+// OnBatch, logs), and the lanes publish at once; up to 4 batches are in
+// flight. A settler takes the batches in order: once every lane has
+// published its part of a batch, it deletes the confirmed rows (of that
+// batch and of the finished ones behind it) in one statement and commits,
+// and only then moves the slot's confirmed position past the transactions
+// wholly settled, reported to the server every StatusInterval (1 s). No
+// row version is written, no claim, no slot lock. Measured (BenchmarkWALShapes,
 // 117-byte body, one event per transaction): 665 bytes of WAL for the
 // insert plus 83 for the bulk delete, against 428 bytes for the same event
 // written with pg_logical_emit_message in the caller's transaction (no
@@ -352,15 +359,24 @@
 // (PollInterval); no LISTEN in WAL mode.
 //
 // Semantics:
-//   - Order: events go out in commit order; the events of one key keep
-//     their order with no slot lock (one streamer, one batch in flight).
-//     A parked event is published later, after the events behind it, as
-//     in poll mode.
+//   - Order: the events of one key go out in commit order with no slot
+//     lock: one streamer, and one lane per key, which publishes a call
+//     only once the broker confirmed the call before it (or refused its
+//     messages for a fault of their own). Events of different keys, and
+//     events without a key, are published by several lanes at once, so
+//     they are not ordered among themselves (with Concurrency 1, one
+//     lane, every event goes out in commit order). A parked event is
+//     published later, after the events behind it, as in poll mode.
 //   - At least once: the slot's confirmed position passes an event only
 //     after the broker confirmed it and everything before it, and its row
-//     was deleted. A relay killed at any point resumes from that position:
-//     the events after it are published again with the same message ID,
-//     which the workers' dedup absorbs.
+//     was deleted: batches are settled in order, and a batch one of whose
+//     lanes failed (an outage, a crash) holds the position even when later
+//     batches were confirmed by the broker. A relay killed at any point
+//     resumes from that position: the events after it are published again
+//     with the same message ID, which the workers' dedup absorbs. When a
+//     lane fails, it publishes nothing more of its keys; the stream stops
+//     and restarts from the confirmed position, so a key's events still
+//     first reach the broker in commit order.
 //   - Visible before published: PostgreSQL flushes a commit record, which
 //     a WAL sender may stream at once, a moment before the committing
 //     transaction becomes visible to other sessions; the relay waits

@@ -63,9 +63,11 @@ type RelayConfig struct {
 	// Pool is the database holding the outbox (migrated by Migrate).
 	// Required. The relay uses up to Concurrency+1 of its connections (the
 	// claim loops and retention), plus one dedicated connection of its own
-	// for LISTEN; pgxpool's default MaxConns is max(4, GOMAXPROCS), so give
-	// a relay sharing its pool with other work a larger one
-	// (pool_max_conns in the URL).
+	// for LISTEN (in WAL mode: for the replication stream, and up to two
+	// more of the pool, one to wait until the streamed transactions are
+	// visible and one to settle); pgxpool's default MaxConns is max(4,
+	// GOMAXPROCS), so give a relay sharing its pool with other work a
+	// larger one (pool_max_conns in the URL).
 	Pool *pgxpool.Pool
 	// Broker receives the messages. Required. The caller declares the
 	// topology on it (broker.Broker.Declare) before Run; a message whose
@@ -81,7 +83,10 @@ type RelayConfig struct {
 	// ASCII without spaces. Defaults to DefaultDestination ("default").
 	Destination string
 	// BatchSize is the number of rows claimed and published per
-	// transaction, 1..MaxBatchSize. Defaults to DefaultBatchSize (100).
+	// transaction, 1..MaxBatchSize. In WAL mode it is the most events of
+	// one Publish call; a batch of up to Concurrency×BatchSize events is
+	// split across the publishing lanes and settled in one transaction
+	// (see Concurrency). Defaults to DefaultBatchSize (100).
 	BatchSize int
 	// Concurrency is the number of claim loops run by one relay, 1..64.
 	// They claim disjoint batches (SKIP LOCKED; the rows of one partition
@@ -93,6 +98,16 @@ type RelayConfig struct {
 	// and the others join while batches come back full. Defaults to
 	// DefaultConcurrency (4; BenchmarkRelay measured about 0.5 of the raw
 	// confirmed publish rate with 1-2 loops and about 0.8 with 4).
+	//
+	// In WAL mode it is also the number of publishing lanes of the
+	// stream: the events of a partition key all go to one lane (by a
+	// hash of the key; events without a key to the least loaded lane),
+	// which publishes them in commit order, one Publish call after the
+	// other, while the other lanes publish other keys at once; up to 4
+	// batches of up to Concurrency×BatchSize events are in flight, and
+	// they are settled in order (see the package documentation, "WAL
+	// relay"). 1 publishes every event in commit order, one call at a
+	// time.
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without having
 	// been notified, a fallback for lost notifications; it is the longest
@@ -163,7 +178,10 @@ type RelayConfig struct {
 	// OnBatch, when set, is called after every batch that claimed rows,
 	// and after a batch that failed, from the claim loop's goroutine (so
 	// concurrently when Concurrency > 1); it must be quick. Meant for
-	// metrics.
+	// metrics. In WAL mode it is called for each batch of the stream once
+	// settled (from the settler; PublishDuration is its longest Publish
+	// call), and for each Publish call that failed as a whole (from its
+	// lane), concurrently with the claim loops'.
 	OnBatch func(BatchStats)
 	// Mode is how the relay finds the events: RelayModePoll ("poll",
 	// claims and marks rows) or RelayModeWAL ("wal", reads the rows'
@@ -187,7 +205,11 @@ type RelayConfig struct {
 	// AfterPublish, when set, is called after Publish returned and before
 	// the batch's rows are marked. A non-nil error rolls the transaction
 	// back, as if the relay had crashed at that point: the rows stay
-	// unprocessed and are published again later. A test hook.
+	// unprocessed and are published again later. In WAL mode it is called
+	// after each Publish call of a lane (concurrently, ids in commit
+	// order), and an error leaves that call's batch unsettled and stops
+	// the stream, which restarts from the confirmed position. A test
+	// hook.
 	AfterPublish func(ctx context.Context, ids []int64) error
 }
 

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,11 +38,22 @@ func walSlot(t testing.TB) string {
 // and returns their IDs in arrival order, then lingers for duplicates.
 func receiveOrdered(t testing.TB, b broker.Broker, queue string, distinct int, linger time.Duration) []string {
 	t.Helper()
+	msgs := receiveMessages(t, b, queue, distinct, linger)
+	order := make([]string, len(msgs))
+	for i, m := range msgs {
+		order[i] = m.ID
+	}
+	return order
+}
+
+// receiveMessages is receiveOrdered returning the messages.
+func receiveMessages(t testing.TB, b broker.Broker, queue string, distinct int, linger time.Duration) []*broker.Message {
+	t.Helper()
 	ctx := testCtx(t)
 	sub, err := b.Subscribe(ctx, queue, broker.SubscribeOptions{Prefetch: 500})
 	require.NoError(t, err)
 	defer sub.Close()
-	var order []string
+	var order []*broker.Message
 	seen := map[string]bool{}
 	deadline := time.Now().Add(90 * time.Second)
 	for len(seen) < distinct || linger > 0 {
@@ -55,11 +69,40 @@ func receiveOrdered(t testing.TB, b broker.Broker, queue string, distinct int, l
 			break
 		}
 		require.NoError(t, err, "received %d of %d distinct messages", len(seen), distinct)
-		order = append(order, m.Message().ID)
+		order = append(order, m.Message())
 		seen[m.Message().ID] = true
 		require.NoError(t, m.Ack(ctx))
 	}
 	return order
+}
+
+// requireKeyOrder checks that the first arrivals of got hold, for each
+// partition key, the IDs of want (in commit order) of that key in the same
+// order, and nothing else.
+func requireKeyOrder(t testing.TB, want []int64, keyOf map[int64]string, got []*broker.Message) {
+	t.Helper()
+	wantBy, gotBy := map[string][]string{}, map[string][]string{}
+	for _, id := range want {
+		wantBy[keyOf[id]] = append(wantBy[keyOf[id]], strconv.FormatInt(id, 10))
+	}
+	seen := map[string]bool{}
+	for _, m := range got {
+		if !seen[m.ID] {
+			seen[m.ID] = true
+			gotBy[m.Key] = append(gotBy[m.Key], m.ID)
+		}
+	}
+	// The events without a key have no order.
+	slices.Sort(wantBy[""])
+	slices.Sort(gotBy[""])
+	require.Equal(t, wantBy, gotBy, "per key: the first arrivals in commit order")
+}
+
+// keysOf maps the ids Enqueue returned for evs to the events' keys.
+func keysOf(keyOf map[int64]string, ids []int64, evs []outbox.Event) {
+	for i, id := range ids {
+		keyOf[id] = evs[i].Key
+	}
 }
 
 // waitStreaming waits until a relay streams from slot, so that the
@@ -80,44 +123,62 @@ func walRows(t testing.TB, pool *pgxpool.Pool) int {
 	return n
 }
 
-// The stream publishes in commit order (not id order), deletes the
-// confirmed rows instead of marking them, and the slot's confirmed
-// position moves on.
+// The stream publishes in commit order (not id order): every event with
+// one lane (Concurrency 1), each key's events with several (the default 4,
+// batches of 7 split across them), deletes the confirmed rows instead of
+// marking them, and the slot's confirmed position moves on.
 func TestWALRelayCommitOrder(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
-	rg := setup(t)
-	slot := walSlot(t)
-	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, BatchSize: 7})
-	stop := runRelay(t, r)
-	waitStreaming(t, rg.pool, slot)
+	for _, lanes := range []int{1, 0} {
+		t.Run(fmt.Sprint("lanes=", lanes), func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			rg := setup(t)
+			slot := walSlot(t)
+			r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, BatchSize: 7, Concurrency: lanes})
+			stop := runRelay(t, r)
+			waitStreaming(t, rg.pool, slot)
 
-	// Transaction a takes the lower ids and commits last.
-	a, err := rg.pool.Begin(ctx)
-	require.NoError(t, err)
-	aIDs, err := outbox.Enqueue(ctx, a, events(5, "test.a")...)
-	require.NoError(t, err)
-	var want []int64
-	for range 4 {
-		ids := enqueue(t, rg.pool, events(6, "test.b")...)
-		want = append(want, ids...)
+			// Transaction a takes the lower ids and commits last.
+			keyOf := map[int64]string{}
+			a, err := rg.pool.Begin(ctx)
+			require.NoError(t, err)
+			aEvs := events(5, "test.a")
+			aIDs, err := outbox.Enqueue(ctx, a, aEvs...)
+			require.NoError(t, err)
+			keysOf(keyOf, aIDs, aEvs)
+			var want []int64
+			for range 4 {
+				evs := events(6, "test.b")
+				ids := enqueue(t, rg.pool, evs...)
+				keysOf(keyOf, ids, evs)
+				want = append(want, ids...)
+			}
+			require.NoError(t, a.Commit(ctx))
+			want = append(want, aIDs...)
+			require.Less(t, aIDs[0], want[0])
+
+			got := receiveMessages(t, rg.b, rg.queue, len(want), 300*time.Millisecond)
+			requireKeyOrder(t, want, keyOf, got)
+			if lanes == 1 {
+				order := make([]string, len(got))
+				for i, m := range got {
+					order[i] = m.ID
+				}
+				require.Equal(t, idStrings(want), order, "one lane: every event in commit order")
+			}
+			require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
+			var processed int
+			require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&processed))
+			require.Zero(t, processed, "the WAL relay writes no row version: the confirmed rows are deleted")
+			stop()
+			s, err := outbox.ReadWALStats(ctx, rg.pool, slot, "")
+			require.NoError(t, err)
+			require.True(t, s.Exists)
+			require.NotEmpty(t, s.ConfirmedLSN)
+			require.Zero(t, s.Unconfirmed)
+		})
 	}
-	require.NoError(t, a.Commit(ctx))
-	want = append(want, aIDs...)
-	require.Less(t, aIDs[0], want[0])
-
-	order := receiveOrdered(t, rg.b, rg.queue, len(want), 300*time.Millisecond)
-	require.Equal(t, idStrings(want), order)
-	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
-	var processed int
-	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&processed))
-	require.Zero(t, processed, "the WAL relay writes no row version: the confirmed rows are deleted")
-	stop()
-	s, err := outbox.ReadWALStats(ctx, rg.pool, slot, "")
-	require.NoError(t, err)
-	require.True(t, s.Exists)
-	require.NotEmpty(t, s.ConfirmedLSN)
-	require.Zero(t, s.Unconfirmed)
 }
 
 // Scheduled events stay with the polling side of the relay; a message
@@ -132,13 +193,20 @@ func TestWALRelayParksAndSchedules(t *testing.T) {
 		PollInterval: 100 * time.Millisecond, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
 	runRelay(t, r)
 	waitStreaming(t, rg.pool, slot)
-	first := enqueue(t, rg.pool, events(3, "test.good")...)
-	bad := enqueue(t, rg.pool, outbox.Event{Type: "unbound.event", Body: []byte("poison")})[0]
+	keyOf := map[int64]string{}
+	good := events(3, "test.good")
+	first := enqueue(t, rg.pool, good...)
+	keysOf(keyOf, first, good)
+	bad := enqueue(t, rg.pool, outbox.Event{Type: "unbound.event", Key: good[0].Key, Body: []byte("poison")})[0]
 	due := enqueue(t, rg.pool, outbox.Event{Type: "test.due", Body: []byte("later"), DueAt: time.Now().Add(time.Second)})[0]
-	after := enqueue(t, rg.pool, events(3, "test.good")...)
-	got := receiveOrdered(t, rg.b, rg.queue, 7, 300*time.Millisecond)
-	want := append(append(idStrings(first), idStrings(after)...), strconv.FormatInt(due, 10))
-	require.Equal(t, want, got, "the stream goes on past the parked event; the scheduled one comes when due")
+	after := enqueue(t, rg.pool, good...)
+	keysOf(keyOf, after, good)
+	got := receiveMessages(t, rg.b, rg.queue, 7, 300*time.Millisecond)
+	require.Len(t, got, 7)
+	require.Equal(t, strconv.FormatInt(due, 10), got[6].ID, "the scheduled event comes when due")
+	// The stream went on past the parked event: after[0], of its key,
+	// came.
+	requireKeyOrder(t, append(first, after...), keyOf, got[:6])
 
 	var attempts int
 	var lastErr string
@@ -413,8 +481,10 @@ func TestWALRelayBacklogRetainsAndAlerts(t *testing.T) {
 }
 
 // Under concurrent producers every message the stream publishes is its
-// own row: the ID, key, body and headers of the row (a key and body made
-// unique per event, checked pairwise), each event once.
+// own row: the ID, key, body, headers and created-at time (occurred_at)
+// of the row (a key and body made unique per event, checked pairwise),
+// each event once; an event with an empty body and no headers comes as
+// such.
 func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -423,16 +493,31 @@ func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 	runRelay(t, newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, BatchSize: 50}))
 	waitStreaming(t, rg.pool, slot)
 	const producers, each = 4, 250
-	want := map[string]string{} // id -> key
+	type row struct {
+		key, created string
+	}
+	want := map[string]row{} // id -> its row
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for p := range producers {
 		wg.Go(func() {
 			for i := range each {
 				k := fmt.Sprintf("p%d-e%d", p, i)
-				ids := enqueue(t, rg.pool, outbox.Event{Type: "test.rows", Key: k, Body: []byte("body-" + k), Headers: map[string]string{"h": "hv-" + k}})
+				ev := outbox.Event{Type: "test.rows", Key: k, Body: []byte("body-" + k), Headers: map[string]string{"h": "hv-" + k}}
+				if i == 0 {
+					ev.Body, ev.Headers = []byte{}, nil
+				}
+				var occ time.Time
+				var ids []int64
+				require.NoError(t, pgx.BeginFunc(ctx, rg.pool, func(tx pgx.Tx) error {
+					var err error
+					if ids, err = outbox.Enqueue(ctx, tx, ev); err != nil {
+						return err
+					}
+					return tx.QueryRow(ctx, `SELECT occurred_at FROM outbox WHERE id = $1`, ids[0]).Scan(&occ)
+				}))
 				mu.Lock()
-				want[strconv.FormatInt(ids[0], 10)] = k
+				want[strconv.FormatInt(ids[0], 10)] = row{k, broker.FormatTime(occ)}
 				mu.Unlock()
 			}
 		})
@@ -440,14 +525,19 @@ func TestWALRelayMessagesAreTheirRows(t *testing.T) {
 	wg.Wait()
 	counts, msgs := collect(t, rg.b, rg.queue, producers*each, 300*time.Millisecond)
 	require.Len(t, counts, producers*each)
-	for id, k := range want {
+	for id, w := range want {
 		m := msgs[id]
 		require.NotNil(t, m, "id %s", id)
-		require.Equal(t, k, m.Key, "id %s", id)
-		require.Equal(t, "body-"+k, string(m.Body), "id %s", id)
-		require.Equal(t, "hv-"+k, m.Headers["h"], "id %s", id)
+		require.Equal(t, w.key, m.Key, "id %s", id)
+		require.Equal(t, w.created, m.Headers[broker.HeaderCreatedAt], "id %s", id)
+		if strings.HasSuffix(w.key, "-e0") {
+			require.Empty(t, m.Body, "id %s", id)
+			require.NotContains(t, m.Headers, "h", "id %s", id)
+			continue
+		}
+		require.Equal(t, "body-"+w.key, string(m.Body), "id %s", id)
+		require.Equal(t, "hv-"+w.key, m.Headers["h"], "id %s", id)
 	}
-	_ = ctx
 }
 
 // ResetWALSlot refuses a slot a relay streams from now (resetting under it
@@ -485,4 +575,174 @@ func TestResetWALSlotRefusesActiveAndMissing(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrNoSlot, "reset twice: nothing left to reset")
 	_, err = outbox.ResetWALSlot(ctx, rg.pool, "ferry_nowhere", "")
 	require.ErrorIs(t, err, outbox.ErrNoSlot)
+}
+
+// The lanes keep each key's commit order across lanes and batches: three
+// producers enqueue keyed events (each key from one producer, so its
+// commit order is its id order) and keyless ones while a relay with 4
+// lanes, batches of 5 per call and up to 20 per batch, publishes them; an
+// AfterPublish hook sleeps a random 0-3 ms after each call, so the lanes
+// run out of step. A key split across lanes, or a lane taking its parts
+// out of order, shows as a key's events arriving out of order.
+func TestWALRelayLanesKeepKeyOrder(t *testing.T) {
+	t.Parallel()
+	rg := setup(t)
+	slot := walSlot(t)
+	var inHook, maxInHook atomic.Int32
+	r := newRelay(t, outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, BatchSize: 5, Concurrency: 4,
+		Logger: slog.New(slog.DiscardHandler),
+		AfterPublish: func(ctx context.Context, ids []int64) error {
+			n := inHook.Add(1)
+			for m := maxInHook.Load(); n > m && !maxInHook.CompareAndSwap(m, n); m = maxInHook.Load() {
+			}
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			inHook.Add(-1)
+			return nil
+		}})
+	runRelay(t, r)
+	waitStreaming(t, rg.pool, slot)
+
+	var (
+		mu    sync.Mutex
+		keyOf = map[int64]string{}
+		all   []int64
+		wg    sync.WaitGroup
+	)
+	for p := range 3 {
+		wg.Go(func() {
+			for i := range 40 {
+				evs := make([]outbox.Event, 1+i%5)
+				for j := range evs {
+					evs[j] = outbox.Event{Type: "test.lanes", Key: fmt.Sprintf("p%d-k%d", p, (i+j)%6), Body: []byte("x")}
+					if (i+j)%7 == 0 {
+						evs[j].Key = ""
+					}
+				}
+				ids := enqueue(t, rg.pool, evs...)
+				mu.Lock()
+				keysOf(keyOf, ids, evs)
+				all = append(all, ids...)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(all)
+	got := receiveMessages(t, rg.b, rg.queue, len(all), 300*time.Millisecond)
+	requireKeyOrder(t, all, keyOf, got)
+	require.Greater(t, maxInHook.Load(), int32(1), "the lanes published at once")
+	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
+}
+
+// A batch that a lane failed to settle holds the slot's position while
+// the other lanes publish later batches: the relay stops (the
+// AfterPublish hook fails one lane's call, held until another lane's call
+// of a later batch was confirmed, and every call after it, as if the
+// relay had crashed there), and then the failed call's rows are still in
+// the outbox and its transactions still in the slot's stream (the
+// confirmed position did not pass them, although later batches were
+// confirmed by the broker); a relay started next publishes them again,
+// and nothing is lost or out of order per key.
+func TestWALRelayUnsettledBatchHoldsPosition(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	slot := walSlot(t)
+	cfg := outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, BatchSize: 4, Concurrency: 4,
+		PollInterval: 100 * time.Millisecond}
+	require.NoError(t, newRelay(t, cfg).EnsureSlot(ctx))
+	// A backlog in the slot's stream: 30 transactions of 4 events over
+	// 10 keys, from one producer (commit order is id order). A batch holds
+	// at most Concurrency x BatchSize = 16 events.
+	keyOf := map[int64]string{}
+	var all []int64
+	for i := range 30 {
+		evs := make([]outbox.Event, 4)
+		for j := range evs {
+			evs[j] = outbox.Event{Type: "test.hold", Key: fmt.Sprint("k", (4*i+j)%10), Body: []byte("x")}
+		}
+		ids := enqueue(t, rg.pool, evs...)
+		keysOf(keyOf, ids, evs)
+		all = append(all, ids...)
+	}
+	const victimKey = "k3"
+	threshold := all[40] // not in the first batches: some are settled before it
+
+	var (
+		mu        sync.Mutex
+		crashed   bool
+		victim    []int64
+		laterFrom int64
+		laterOK   = make(chan struct{})
+		laterSeen bool
+		down      = make(chan struct{})
+	)
+	cfg.AfterPublish = func(ctx context.Context, ids []int64) error {
+		mu.Lock()
+		if crashed {
+			mu.Unlock()
+			return errors.New("simulated crash: the relay is down")
+		}
+		if victim == nil && ids[0] >= threshold && slices.ContainsFunc(ids, func(id int64) bool { return keyOf[id] == victimKey }) {
+			victim = slices.Clone(ids)
+			// A call whose first id is past the victim's by a batch's
+			// worth is of a later batch.
+			laterFrom = ids[0] + 16
+			mu.Unlock()
+			select {
+			case <-laterOK:
+			case <-time.After(20 * time.Second):
+			}
+			mu.Lock()
+			crashed = true
+			mu.Unlock()
+			close(down)
+			return errors.New("simulated crash after the victim's publish")
+		}
+		if victim != nil && !laterSeen && ids[0] > laterFrom {
+			laterSeen = true
+			close(laterOK)
+		}
+		mu.Unlock()
+		return nil
+	}
+	stop := runRelay(t, newRelay(t, cfg))
+	select {
+	case <-down:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no call of the victim's key was published")
+	}
+	stop()
+	mu.Lock()
+	require.True(t, laterSeen, "a later batch of another lane was confirmed while the victim's call was held")
+	mu.Unlock()
+
+	var left int
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id = ANY($1)`, victim).Scan(&left))
+	require.Equal(t, len(victim), left, "the failed call's rows are not deleted")
+	var victimXIDs, streamXIDs []int64
+	rows, err := rg.pool.Query(ctx, `SELECT DISTINCT xmin::text::bigint FROM outbox WHERE id = ANY($1)`, victim)
+	require.NoError(t, err)
+	victimXIDs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	rows, err = rg.pool.Query(ctx, `SELECT DISTINCT xid::text::bigint FROM pg_logical_slot_peek_binary_changes($1::text, NULL, NULL, 'proto_version', '1', 'publication_names', $1::text)`, slot)
+	require.NoError(t, err)
+	streamXIDs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	for _, x := range victimXIDs {
+		require.Contains(t, streamXIDs, x, "the failed call's transaction is still in the slot's stream: the confirmed position did not pass it")
+	}
+
+	cfg.AfterPublish = nil
+	runRelay(t, newRelay(t, cfg))
+	got := receiveMessages(t, rg.b, rg.queue, len(all), 500*time.Millisecond)
+	requireKeyOrder(t, all, keyOf, got)
+	counts := map[string]int{}
+	for _, m := range got {
+		counts[m.ID]++
+	}
+	for _, id := range idStrings(victim) {
+		require.GreaterOrEqual(t, counts[id], 2, "id %s: published before the crash and again after", id)
+	}
+	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
 }

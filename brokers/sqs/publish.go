@@ -16,10 +16,6 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
-// sendConcurrency bounds the SendMessageBatch calls of one Publish in
-// flight at once.
-const sendConcurrency = 8
-
 // pending is one message bound for one queue.
 type pending struct {
 	idx   int // in the Publish batch
@@ -188,7 +184,7 @@ func (b *Broker) Publish(ctx context.Context, msgs []*broker.Message) error {
 }
 
 // sendQueue sends ps to one queue in SendMessageBatch calls (splitBatches),
-// up to sendConcurrency of them at once, and returns the messages not
+// up to Config.SendConcurrency of them at once, and returns the messages not
 // accepted by batch index. On a FIFO queue the calls go one after another
 // (a FIFO queue keeps the order in which its calls arrive), and after a
 // call that failed the later ones are not made: their messages fail with
@@ -226,7 +222,7 @@ func (b *Broker) sendQueue(ctx context.Context, qi *queueInfo, ps []pending) map
 		return out
 	}
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, sendConcurrency)
+	sem := make(chan struct{}, b.cfg.SendConcurrency)
 	for _, batch := range batches {
 		wg.Add(1)
 		sem <- struct{}{}

@@ -60,8 +60,10 @@ func (b *Broker) Subscribe(ctx context.Context, queue string, opts broker.Subscr
 	}
 	b.subs[s] = struct{}{}
 	b.mu.Unlock()
-	pollers := (opts.Prefetch + MaxBatchEntries - 1) / MaxBatchEntries
-	pollers = min(pollers, 4)
+	pollers := b.cfg.ReceivePollers
+	if pollers == 0 {
+		pollers = min((opts.Prefetch+MaxBatchEntries-1)/MaxBatchEntries, DefaultMaxReceivePollers)
+	}
 	for i := 0; i < pollers; i++ {
 		s.wg.Add(1)
 		go s.poll()

@@ -1,0 +1,115 @@
+package sqs_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/smithy-go/middleware"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry/broker"
+	"github.com/ferrymq/ferry/brokers/sqs"
+	"github.com/ferrymq/ferry/internal/testenv"
+)
+
+// calls counts the adapter's requests by operation, and the most of one
+// operation in flight at once, through Config.APIOptions.
+type calls struct {
+	mu       sync.Mutex
+	n        map[string]int
+	inFlight map[string]int
+	most     map[string]int
+}
+
+func newCalls() *calls {
+	return &calls{n: map[string]int{}, inFlight: map[string]int{}, most: map[string]int{}}
+}
+
+func (c *calls) options() []func(*middleware.Stack) error {
+	return []func(*middleware.Stack) error{func(st *middleware.Stack) error {
+		return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("TestCallCounter",
+			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				op := awsmiddleware.GetOperationName(ctx)
+				c.mu.Lock()
+				c.n[op]++
+				c.inFlight[op]++
+				c.most[op] = max(c.most[op], c.inFlight[op])
+				c.mu.Unlock()
+				defer func() {
+					c.mu.Lock()
+					c.inFlight[op]--
+					c.mu.Unlock()
+				}()
+				return next.HandleFinalize(ctx, in)
+			}), middleware.After)
+	}}
+}
+
+func (c *calls) get(op string) (n, inFlight, most int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[op], c.inFlight[op], c.most[op]
+}
+
+// TestSendConcurrencyBoundsCalls: one Publish keeps at most
+// Config.SendConcurrency SendMessageBatch calls in flight, and
+// Config.APIOptions sees every call.
+func TestSendConcurrencyBoundsCalls(t *testing.T) {
+	t.Parallel()
+	tp := topology("sendconc", "evt.sc")
+	c := newCalls()
+	cfg := config()
+	cfg.SendConcurrency = 2
+	cfg.APIOptions = c.options()
+	b := declaredRaw(t, cfg, tp)
+	var msgs []*broker.Message
+	for i := range 100 {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprint("sc", i), Type: "evt.sc", Body: []byte("{}")})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), msgs))
+	n, _, most := c.get("SendMessageBatch")
+	require.Equal(t, 10, n, "100 messages in calls of 10")
+	require.LessOrEqual(t, most, 2, "at most SendConcurrency calls in flight")
+}
+
+// TestReceivePollersInFlight: a subscription keeps Config.ReceivePollers
+// long polls in flight on an idle queue, and never more.
+func TestReceivePollersInFlight(t *testing.T) {
+	t.Parallel()
+	tp := topology("pollers", "evt.po")
+	c := newCalls()
+	cfg := config()
+	cfg.ReceivePollers = 3
+	cfg.APIOptions = c.options()
+	b := declaredRaw(t, cfg, tp)
+	subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 100})
+	require.Eventually(t, func() bool { _, in, _ := c.get("ReceiveMessage"); return in == 3 }, 20*time.Second, 10*time.Millisecond,
+		"three long polls in flight")
+	time.Sleep(2 * cfg.WaitTime) // the polls end and start again
+	_, _, most := c.get("ReceiveMessage")
+	require.Equal(t, 3, most, "never more than ReceivePollers")
+}
+
+func TestCallSettingsValidated(t *testing.T) {
+	for _, tc := range []struct {
+		cfg   sqs.Config
+		field string
+	}{
+		{sqs.Config{SendConcurrency: -1}, "SendConcurrency"},
+		{sqs.Config{SendConcurrency: sqs.MaxSendConcurrency + 1}, "SendConcurrency"},
+		{sqs.Config{ReceivePollers: -1}, "ReceivePollers"},
+		{sqs.Config{ReceivePollers: sqs.MaxReceivePollers + 1}, "ReceivePollers"},
+	} {
+		tc.cfg.Endpoint = testenv.SQSEndpoint()
+		err := tc.cfg.Validate()
+		var ce *broker.ConfigError
+		require.ErrorAs(t, err, &ce, "%+v", tc.cfg)
+		require.Equal(t, tc.field, ce.Field)
+		require.ErrorIs(t, err, broker.ErrInvalidConfig)
+	}
+	require.NoError(t, sqs.Config{Endpoint: testenv.SQSEndpoint(), SendConcurrency: sqs.MaxSendConcurrency, ReceivePollers: 1}.Validate())
+}

@@ -94,6 +94,39 @@ func TestReceivePollersInFlight(t *testing.T) {
 	require.Equal(t, 3, most, "never more than ReceivePollers")
 }
 
+// TestBusyQueueReceivesWholeBatches: while the queue is busy and the
+// subscription's buffer still holds messages, a poller waits for room for
+// 10 before it receives, instead of asking for each message a settle
+// frees: 100 messages consumed one at a time with Prefetch 20 take about
+// 10 ReceiveMessage calls, not one per message or two.
+func TestBusyQueueReceivesWholeBatches(t *testing.T) {
+	t.Parallel()
+	tp := topology("whole", "evt.wh")
+	c := newCalls()
+	cfg := config()
+	cfg.APIOptions = c.options()
+	b := declaredRaw(t, cfg, tp)
+	const n = 100
+	var msgs []*broker.Message
+	for i := range n {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprint("wh", i), Type: "evt.wh", Body: []byte("{}")})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), msgs))
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 20})
+	ctx := ctxFor(t, 60*time.Second)
+	seen := map[string]bool{}
+	for len(seen) < n {
+		d, err := sub.Receive(ctx)
+		require.NoError(t, err)
+		seen[d.Message().ID] = true
+		time.Sleep(2 * time.Millisecond) // a handler's work: the buffer does not run dry
+		require.NoError(t, d.Ack(ctx))
+	}
+	got, _, _ := c.get("ReceiveMessage")
+	t.Logf("%d ReceiveMessage calls for %d messages", got, n)
+	require.LessOrEqual(t, got, 2*n/sqs.MaxBatchEntries, "whole batches while the queue is busy")
+}
+
 func TestCallSettingsValidated(t *testing.T) {
 	for _, tc := range []struct {
 		cfg   sqs.Config

@@ -118,6 +118,9 @@ func (s *subscription) Receive(ctx context.Context) (broker.Delivery, error) {
 			if s.opts.Ordered && d.msg.Key != "" {
 				s.held[d.msg.Key]++
 			}
+			if len(s.buf) == 0 {
+				s.signal() // a poller waiting for a full batch's room polls now
+			}
 			s.mu.Unlock()
 			s.b.mu.Lock()
 			if s.b.closed {
@@ -165,14 +168,20 @@ func (s *subscription) release(d *delivery, slot, key bool) {
 	s.mu.Unlock()
 }
 
-// poll long-polls while there is room under the prefetch.
+// poll long-polls while there is room under the prefetch. While the
+// queue is busy (this poller's last receive came back full) and the buffer
+// still feeds the handlers, it waits for room for a whole batch (10
+// messages, or Prefetch when smaller): receiving what the settles free one
+// by one would make a call per message or two (SQS bills each call, and a
+// server's cost is mostly per call).
 func (s *subscription) poll() {
 	defer s.wg.Done()
 	backoff := 100 * time.Millisecond
 	busy := false
+	full := min(MaxBatchEntries, s.opts.Prefetch)
 	for {
 		s.mu.Lock()
-		for !s.closed && s.inflight >= s.opts.Prefetch {
+		for !s.closed && (s.inflight >= s.opts.Prefetch || (busy && len(s.buf) > 0 && s.opts.Prefetch-s.inflight < full)) {
 			ch := s.changed
 			s.mu.Unlock()
 			select {

@@ -1156,9 +1156,18 @@ moto_ready() {
 	tcp_ok "$(saved_port moto)" && [ "$(http_status "$(saved_port moto)" "/?Action=ListQueues")" = 200 ]
 }
 
-# moto keeps everything in memory: a stop loses its queues and messages.
+# moto keeps everything in memory: a real stop loses its queues and
+# messages. So, as for ElasticMQ, stop_moto pauses it (SIGSTOP), an outage
+# that keeps every message, and start_moto resumes a paused one; `down` and
+# `reset` stop it for real (SQS_REAL_STOP).
 start_moto() {
 	moto_venv
+	local paused
+	paused=$(moto_pid)
+	if [ -n "$paused" ] && sqs_paused "$paused"; then
+		say "moto: resuming moto_server (SIGCONT)"
+		kill -CONT "$paused" 2>/dev/null || true
+	fi
 	if [ -n "$(moto_pid)" ]; then
 		if moto_ready; then
 			say "moto: already running on 127.0.0.1:$(saved_port moto)"
@@ -1173,13 +1182,26 @@ start_moto() {
 	wait_ready moto "moto_server"
 }
 
-stop_moto() { stop_if_running moto "$(moto_pid)"; }
+stop_moto() {
+	local pid
+	pid=$(moto_pid)
+	[ -n "$pid" ] || return 0
+	if [ -n "${SQS_REAL_STOP:-}" ]; then
+		kill -CONT "$pid" 2>/dev/null || true
+		stop_if_running moto "$pid"
+		return 0
+	fi
+	say "moto: pausing moto_server (SIGSTOP; 'down moto' stops it)"
+	kill -STOP "$pid" 2>/dev/null || true
+}
 
 status_moto() {
 	local pid
 	pid=$(moto_pid)
 	if [ -n "$pid" ]; then
-		echo "running  pid $pid  http://127.0.0.1:$(saved_port moto)  (moto $MOTO_VERSION, in memory)"
+		local r=running
+		sqs_paused "$pid" && r=paused
+		echo "$r  pid $pid  http://127.0.0.1:$(saved_port moto)  (moto $MOTO_VERSION, in memory)"
 	else
 		echo "stopped"
 	fi

@@ -63,6 +63,18 @@ type Target struct {
 	// Where describes the server in the report, e.g. "embedded NATS
 	// JetStream in the ferry process". Defaults to URL.
 	Where string
+	// ServerURL is the server's own URL when URL goes through a proxy
+	// (ferry bench --sqs-latency): its port finds the server's process for
+	// the CPU and memory figures. Defaults to URL.
+	ServerURL string
+}
+
+// serverURL is t.ServerURL, or t.URL.
+func (t Target) serverURL() string {
+	if t.ServerURL != "" {
+		return t.ServerURL
+	}
+	return t.URL
 }
 
 // Config configures Run. Zero values mean the documented defaults; the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/brokers/sqs"
+	"github.com/ferrymq/ferry/internal/latencyproxy"
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
@@ -76,22 +77,69 @@ func TestSendConcurrencyBoundsCalls(t *testing.T) {
 	require.LessOrEqual(t, most, 2, "at most SendConcurrency calls in flight")
 }
 
-// TestReceivePollersInFlight: a subscription keeps Config.ReceivePollers
-// long polls in flight on an idle queue, and never more.
+// TestReceivePollersInFlight: on an idle queue a subscription keeps one
+// long poll in flight, whatever its pollers; under load all
+// Config.ReceivePollers receive at once, and never more. Every call goes
+// through a proxy that adds 50 ms, so the receives of a busy queue
+// overlap as they do on AWS.
 func TestReceivePollersInFlight(t *testing.T) {
 	t.Parallel()
+	p, err := latencyproxy.Start(testenv.SQSEndpoint(), 50*time.Millisecond)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
 	tp := topology("pollers", "evt.po")
 	c := newCalls()
 	cfg := config()
+	cfg.Endpoint = p.URL()
 	cfg.ReceivePollers = 3
 	cfg.APIOptions = c.options()
 	b := declaredRaw(t, cfg, tp)
-	subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 100})
-	require.Eventually(t, func() bool { _, in, _ := c.get("ReceiveMessage"); return in == 3 }, 20*time.Second, 10*time.Millisecond,
-		"three long polls in flight")
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 100})
+	require.Eventually(t, func() bool { _, in, _ := c.get("ReceiveMessage"); return in == 1 }, 20*time.Second, 10*time.Millisecond,
+		"a long poll in flight")
 	time.Sleep(2 * cfg.WaitTime) // the polls end and start again
-	_, _, most := c.get("ReceiveMessage")
-	require.Equal(t, 3, most, "never more than ReceivePollers")
+	calls, _, most := c.get("ReceiveMessage")
+	require.Equal(t, 1, most, "one long poll at a time on an idle queue (%d polls)", calls)
+
+	const n = 300
+	var msgs []*broker.Message
+	for i := range n {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprint("po", i), Type: "evt.po", Body: []byte("{}")})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), msgs))
+	ctx := ctxFor(t, 60*time.Second)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				done := len(seen) == n
+				mu.Unlock()
+				if done {
+					return
+				}
+				rctx, cancel := context.WithTimeout(ctx, time.Second)
+				d, err := sub.Receive(rctx)
+				cancel()
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					continue
+				}
+				mu.Lock()
+				seen[d.Message().ID] = true
+				mu.Unlock()
+				_ = d.Ack(ctx)
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, seen, n)
+	calls, _, most = c.get("ReceiveMessage")
+	require.Equal(t, 3, most, "under load every poller receives at once, never more (%d calls)", calls)
 }
 
 // TestBusyQueueReceivesWholeBatches: while the queue is busy and the

@@ -305,8 +305,8 @@ func BenchmarkSQSScaling(b *testing.B) {
 	proxy, err := latencyproxy.Start(sqsEndpoint(kind), latency)
 	must(b, err)
 	b.Cleanup(func() { _ = proxy.Close() })
-	relayGrid := parseGrid(b, "FERRY_BENCH_SQS_RELAY_GRID", "1:100:8,2:500:8,4:100:8,4:100:10,8:100:10,16:100:10,8:500:50")
-	workerGrid := parseGrid(b, "FERRY_BENCH_SQS_WORKER_GRID", "10:10:0,20:40:0,64:128:4,64:128:13,128:256:26")
+	relayGrid := parseGrid(b, "FERRY_BENCH_SQS_RELAY_GRID", "1:100:8,1:100:16,4:100:8,4:100:16,2:500:8,2:500:16,4:500:50")
+	workerGrid := parseGrid(b, "FERRY_BENCH_SQS_WORKER_GRID", "10:10:0,20:40:0,64:128:4,64:128:0,20:200:0:10,40:400:0:10")
 
 	report := func(b *testing.B, what string, n int, elapsed time.Duration, counter *callCounter, cost string) {
 		calls, busy := counter.reset()

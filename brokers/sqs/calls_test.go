@@ -8,6 +8,7 @@ import (
 	"time"
 
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 	"github.com/stretchr/testify/require"
 
@@ -24,6 +25,9 @@ type calls struct {
 	n        map[string]int
 	inFlight map[string]int
 	most     map[string]int
+	// partialBeside counts the ReceiveMessage calls for fewer than 10
+	// messages made while another ReceiveMessage was in flight.
+	partialBeside int
 }
 
 func newCalls() *calls {
@@ -32,6 +36,18 @@ func newCalls() *calls {
 
 func (c *calls) options() []func(*middleware.Stack) error {
 	return []func(*middleware.Stack) error{func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("TestPartialReceives",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if r, ok := in.Parameters.(*awssqs.ReceiveMessageInput); ok && r.MaxNumberOfMessages < sqs.MaxBatchEntries {
+					c.mu.Lock()
+					if c.inFlight["ReceiveMessage"] > 0 {
+						c.partialBeside++
+					}
+					c.mu.Unlock()
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.After)
+	}, func(st *middleware.Stack) error {
 		return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("TestCallCounter",
 			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
 				op := awsmiddleware.GetOperationName(ctx)
@@ -173,6 +189,55 @@ func TestBusyQueueReceivesWholeBatches(t *testing.T) {
 	got, _, _ := c.get("ReceiveMessage")
 	t.Logf("%d ReceiveMessage calls for %d messages", got, n)
 	require.LessOrEqual(t, got, 2*n/sqs.MaxBatchEntries, "whole batches while the queue is busy")
+}
+
+// TestNoSmallReceiveBesideAnother: with nothing buffered, a poller does
+// not ask for the few messages the last settles made room for while
+// another poller's receive is on its way (here a long poll of the emptied
+// queue): it waits for room for 10, or for that receive to come back.
+func TestNoSmallReceiveBesideAnother(t *testing.T) {
+	t.Parallel()
+	tp := topology("beside", "evt.be")
+	c := newCalls()
+	cfg := config()
+	cfg.APIOptions = c.options()
+	cfg.ReceivePollers = 2
+	b := declaredRaw(t, cfg, tp)
+	var msgs []*broker.Message
+	for i := range 20 {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprint("be", i), Type: "evt.be", Body: []byte("{}")})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), msgs))
+	sub := subscribe(t, b, tp.Queues[0].Name, broker.SubscribeOptions{Prefetch: 20})
+	ctx := ctxFor(t, 60*time.Second)
+	var ds []broker.Delivery
+	for range 20 { // both pollers came back full: busy
+		d, err := sub.Receive(ctx)
+		require.NoError(t, err)
+		ds = append(ds, d)
+	}
+	ackAll := func(ds []broker.Delivery) {
+		var wg sync.WaitGroup
+		for _, d := range ds {
+			wg.Go(func() { require.NoError(t, d.Ack(ctx)) })
+		}
+		wg.Wait()
+	}
+	// Room for 3: a poller receives them (none left: it long-polls).
+	ackAll(ds[:3])
+	require.Eventually(t, func() bool { _, in, _ := c.get("ReceiveMessage"); return in == 1 }, 10*time.Second, time.Millisecond,
+		"a receive in flight")
+	time.Sleep(100 * time.Millisecond) // past a receive that does not wait: the long poll (WaitTime 2 s) that follows
+	_, in, _ := c.get("ReceiveMessage")
+	require.Equal(t, 1, in, "a long poll in flight")
+	// Room for 3 more, nothing buffered, that receive still on its way.
+	ackAll(ds[3:6])
+	time.Sleep(300 * time.Millisecond)
+	c.mu.Lock()
+	partial := c.partialBeside
+	c.mu.Unlock()
+	require.Zero(t, partial, "no receive for fewer than 10 while another is in flight")
+	ackAll(ds[6:])
 }
 
 func TestCallSettingsValidated(t *testing.T) {

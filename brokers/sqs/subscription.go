@@ -176,9 +176,10 @@ func (s *subscription) release(d *delivery, slot, key bool) {
 
 // poll receives while there is room under the prefetch. While the queue
 // is busy (this poller's last receive came back full) it receives without
-// waiting, as every busy poller of the subscription does at once; and
-// while the buffer still feeds the handlers it waits for room for a whole
-// batch (10 messages, or Prefetch when smaller): receiving what the
+// waiting, as every busy poller of the subscription does at once; and it
+// waits for room for a whole batch (10 messages, or Prefetch when
+// smaller) while the buffer still feeds the handlers, or while the buffer
+// is empty but another poller's receive is on its way: receiving what the
 // settles free one by one would make a call per message or two (SQS bills
 // each call, and a server's cost is mostly per call). Otherwise it
 // long-polls, one poller of the subscription at a time: an idle queue
@@ -193,7 +194,8 @@ func (s *subscription) poll() {
 	full := min(MaxBatchEntries, s.opts.Prefetch)
 	for {
 		s.mu.Lock()
-		for !s.closed && (s.inflight >= s.opts.Prefetch || (busy && len(s.buf) > 0 && s.opts.Prefetch-s.inflight < full) || (!busy && s.longPolling)) {
+		for !s.closed && (s.inflight >= s.opts.Prefetch || (!busy && s.longPolling) ||
+			(s.opts.Prefetch-s.inflight < full && ((busy && len(s.buf) > 0) || (len(s.buf) == 0 && len(s.polls) > 0)))) {
 			ch := s.changed
 			s.mu.Unlock()
 			select {

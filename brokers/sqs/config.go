@@ -89,11 +89,14 @@ const DefaultMaxReceiveCount = 100
 
 // Defaults and limits of the calls the adapter keeps in flight, chosen
 // with BenchmarkSQSScaling (bench/README.md, "SQS scaling"): with 15 ms
-// added to every call, 16 sends in flight per Publish took the relay from
-// 2,751 to 3,227 events/s at its defaults (Concurrency 4, BatchSize 100:
-// one round trip per batch instead of two), and a worker needs about 5
-// receives in flight for 3,000 messages/s (10 a call, 15 ms each), which
-// 4 pollers could not give.
+// added to every call, 16 sends in flight per Publish instead of 8 took a
+// relay with one claim loop of 100-row batches from 1,923-1,966 to
+// 2,785-2,809 events/s (one round trip per batch instead of two); at the
+// relay's defaults (4 claim loops) the loops already overlap and both
+// did 3,900-4,350. A worker at 3,000 messages/s needs about 5 receives of
+// 10 in flight at 15 ms, which 4 pollers could not give (Concurrency 64,
+// Prefetch 128: 1,638-1,740 events/s with 4 pollers, 1,807-1,872 with the
+// default 13).
 const (
 	// DefaultSendConcurrency is Config.SendConcurrency's default.
 	DefaultSendConcurrency = 16

@@ -5,7 +5,8 @@
 #                   chromium.sh), point the tests at them and run every
 #                   package's tests, one at a time
 #   make test-long  the tests too slow for CI: SQS FIFO's 5-minute
-#                   deduplication window, waited out on ElasticMQ and moto
+#                   deduplication window, waited out on ElasticMQ and moto,
+#                   and the worker suite on moto
 #   make test-cluster  the failover tests (internal/cluster) with long
 #                   phases: 15 s of load around each fault on each cluster
 #   make bench      print the throughput and latency figures (bench/README.md)
@@ -32,11 +33,12 @@ DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 test: tidy-check
 	$(SERVICES) up && compose/local/chromium.sh >/dev/null && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
 
-# About 6 minutes: it waits out SQS FIFO's deduplication window, which
-# neither ElasticMQ nor moto can shorten (brokers/sqs/dedup_test.go).
+# About 8 minutes: it waits out SQS FIFO's deduplication window, which
+# neither ElasticMQ nor moto can shorten (brokers/sqs/dedup_test.go), and
+# runs the worker suite on moto (2 minutes, brokers/sqs/sqs_test.go).
 test-long:
 	$(SERVICES) up postgres sqs moto && eval "$$($(SERVICES) env postgres sqs moto)" && \
-		FERRY_SQS_DEDUP_WINDOW_TEST=1 $(GO) test -count=1 -timeout 15m -run 'TestFIFODedup' -v ./brokers/sqs/
+		FERRY_SQS_DEDUP_WINDOW_TEST=1 FERRY_SQS_MOTO_WORKER_SUITE=1 $(GO) test -count=1 -timeout 15m -run 'TestFIFODedup|TestWorkerSuiteMoto' -v ./brokers/sqs/
 
 # The failover tests of internal/cluster with 15 s phases (about 25
 # minutes). `make test` runs them too, with 2 s phases; each test starts its

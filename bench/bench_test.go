@@ -65,7 +65,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 				single, singleMetric = "one kafka-go Writer, RequireAll", "raw-1pub-msgs/s"
 			}
 			if kind == "sqs" {
-				single, singleMetric = "one publisher, batches of BatchSize as SendMessageBatch calls of 10, 8 calls in flight", "raw-1pub-msgs/s"
+				single, singleMetric = "one publisher, batches of BatchSize as SendMessageBatch calls of 10, 16 calls in flight", "raw-1pub-msgs/s"
 			}
 			raw := func() (one, many float64) {
 				one = rawSingle(b, kind, tp, n, s.relayBatch)
@@ -124,7 +124,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 					who = "publishers on one kafka-go Writer (RequireAll)"
 				}
 				if kind == "sqs" {
-					who = "publishers on one SDK client (SendMessageBatch of 10, 8 calls in flight each)"
+					who = "publishers on one SDK client (SendMessageBatch of 10, 16 calls in flight each)"
 				}
 				b.Logf("%s: raw confirmed publish, %d %s at once (the relay's parallelism), batches of %d, all confirms awaited per batch: %.0f msgs/s (before %.0f, after %.0f)", kind, par, who, s.relayBatch, many, manyBefore, manyAfter)
 				b.Logf("%s: relay %.0f msgs/s = %.2f x the faster raw baseline (aim >= 0.6); %.2f x one publisher, %.2f x the relay's shape", kind, relayRate, ratio, relayRate/one, relayRate/many)

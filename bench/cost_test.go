@@ -28,6 +28,15 @@ func startCost(b *testing.B, db database, kind string) *runcost.Meter {
 		p, err := runcost.Listener("nats", testenv.NATSURL())
 		must(b, err)
 		procs = append(procs, p)
+	case "sqs", kindMoto:
+		// ElasticMQ's java, moto's python: the server on the endpoint's
+		// port, not a proxy in front of it.
+		p, err := runcost.Listener(strings.TrimPrefix(kind, "sqs-"), sqsEndpoint(kind))
+		must(b, err)
+		if kind == "sqs" {
+			p.Name = "elasticmq"
+		}
+		procs = append(procs, p)
 	}
 	m, err := runcost.Start(ctx, db.pool, procs...)
 	must(b, err)

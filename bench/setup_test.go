@@ -68,6 +68,9 @@ type settings struct {
 	// notifyWindow is outbox.SetNotifyWindow's window; negative leaves
 	// the package default.
 	notifyWindow time.Duration
+	// sqs is what the SQS benchmarks (sqs_scale_test.go) set on the SQS
+	// adapter; the zero value is its defaults on the kind's server.
+	sqs sqsSettings
 }
 
 func loadSettings(b *testing.B) settings {
@@ -246,9 +249,9 @@ func newBroker(b *testing.B, kind string, tp broker.Topology, s settings) broker
 	case "kafka":
 		testenv.RequireTCP(b, "kafka", testenv.KafkaBrokers()[0])
 		br, err = kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), Logger: quietLogger})
-	case "sqs":
-		testenv.RequireTCP(b, "sqs", testenv.HostPort(testenv.SQSEndpoint()))
-		br, err = sqs.New(ctx, sqs.Config{Endpoint: testenv.SQSEndpoint(), Region: testenv.AWSRegion(), Logger: quietLogger})
+	case "sqs", kindMoto:
+		testenv.RequireTCP(b, kind, testenv.HostPort(sqsEndpoint(kind)))
+		br, err = sqs.New(ctx, s.sqs.config(kind))
 	default:
 		b.Fatalf("bench: unknown broker %q", kind)
 	}
@@ -285,8 +288,8 @@ func deleteTopology(b *testing.B, kind string, tp broker.Topology) {
 		if err := ch.ExchangeDelete(tp.Exchange, false, false); err != nil {
 			b.Logf("bench: delete exchange %s: %v", tp.Exchange, err)
 		}
-	case "sqs":
-		deleteSQSTopology(b, tp)
+	case "sqs", kindMoto:
+		deleteSQSTopology(b, kind, tp)
 	case "nats":
 		nc, err := natsgo.Connect(testenv.NATSURL())
 		if err != nil {
@@ -336,8 +339,8 @@ func purgeQueues(b *testing.B, kind string, tp broker.Topology) {
 	case "kafka":
 		// A log is not emptied: appending costs the same at any length,
 		// and each consumer group reads from its own committed offset.
-	case "sqs":
-		purgeSQS(b, tp)
+	case "sqs", kindMoto:
+		purgeSQS(b, kind, tp)
 	}
 }
 

@@ -12,12 +12,25 @@ import (
 	"github.com/ferrymq/ferry/internal/testenv"
 )
 
+// kindMoto is the SQS adapter on moto's server (FERRY_SQS_MOTO_ENDPOINT)
+// instead of ElasticMQ ("sqs", FERRY_SQS_ENDPOINT): the SQS benchmarks
+// (sqs_scale_test.go) run on both.
+const kindMoto = "sqs-moto"
+
+// sqsEndpoint is the SQS server of kind "sqs" (ElasticMQ) or kindMoto.
+func sqsEndpoint(kind string) string {
+	if kind == kindMoto {
+		return testenv.SQSMotoEndpoint()
+	}
+	return testenv.SQSEndpoint()
+}
+
 // newSQSClient is an SDK client on the benchmark's server, the adapter's
 // own (so the same HTTP and retry settings).
-func newSQSClient(b *testing.B) (*sqs.Broker, *awssqs.Client) {
+func newSQSClient(b *testing.B, kind string) (*sqs.Broker, *awssqs.Client) {
 	b.Helper()
-	testenv.RequireTCP(b, "sqs", testenv.HostPort(testenv.SQSEndpoint()))
-	br, err := sqs.New(benchCtx(b), sqs.Config{Endpoint: testenv.SQSEndpoint(), Region: testenv.AWSRegion(), Logger: quietLogger})
+	testenv.RequireTCP(b, kind, testenv.HostPort(sqsEndpoint(kind)))
+	br, err := sqs.New(benchCtx(b), sqs.Config{Endpoint: sqsEndpoint(kind), Region: testenv.AWSRegion(), Logger: quietLogger})
 	must(b, err)
 	b.Cleanup(func() { _ = br.Close() })
 	return br, br.Client()
@@ -36,15 +49,15 @@ func sqsQueueURL(b *testing.B, c *awssqs.Client, name string) string {
 // messages/s.
 func rawSQS(b *testing.B, tp broker.Topology, n, publishers, batch int) float64 {
 	b.Helper()
-	_, c := newSQSClient(b)
+	_, c := newSQSClient(b, "sqs")
 	url := sqsQueueURL(b, c, sqs.QueueName(tp.Exchange, tp.Queues[0].Name, false))
 	elapsed, err := suite.SQSPublish(benchCtx(b), c, url, n, publishers, batch, suite.EventBody(1, bodyBytes))
 	must(b, err)
 	return float64(n) / elapsed.Seconds()
 }
 
-func deleteSQSTopology(b *testing.B, tp broker.Topology) {
-	br, err := sqs.New(benchCtx(b), sqs.Config{Endpoint: testenv.SQSEndpoint(), Region: testenv.AWSRegion(), Logger: quietLogger})
+func deleteSQSTopology(b *testing.B, kind string, tp broker.Topology) {
+	br, err := sqs.New(benchCtx(b), sqs.Config{Endpoint: sqsEndpoint(kind), Region: testenv.AWSRegion(), Logger: quietLogger})
 	if err != nil {
 		b.Logf("bench: delete topology: %v", err)
 		return
@@ -64,8 +77,8 @@ func deleteSQSTopology(b *testing.B, tp broker.Topology) {
 	}
 }
 
-func purgeSQS(b *testing.B, tp broker.Topology) {
-	_, c := newSQSClient(b)
+func purgeSQS(b *testing.B, kind string, tp broker.Topology) {
+	_, c := newSQSClient(b, kind)
 	url := sqsQueueURL(b, c, sqs.QueueName(tp.Exchange, tp.Queues[0].Name, false))
 	_, err := c.PurgeQueue(benchCtx(b), &awssqs.PurgeQueueInput{QueueUrl: aws.String(url)})
 	must(b, err)

@@ -125,7 +125,7 @@ func (r *runner) collectOps(ctx context.Context, res *Results) {
 			_ = br.Close()
 		}
 		if t.URL != "" {
-			res.Operations = append(res.Operations, serverOps(t.Name, t.URL))
+			res.Operations = append(res.Operations, serverOps(t.Name, t.serverURL()))
 		}
 	}
 	res.Operations = append(res.Operations, serverOps("postgres", r.cfg.DatabaseURL))

@@ -29,10 +29,12 @@ const (
 	sqsBatchEntries = 10
 	sqsBatchBytes   = 262144
 	// sqsSendConcurrency is the number of SendMessageBatch calls one
-	// publisher has in flight, as one Publish of brokers/sqs.
-	sqsSendConcurrency = 8
+	// publisher has in flight, as one Publish of brokers/sqs (its
+	// DefaultSendConcurrency).
+	sqsSendConcurrency = 16
 	// sqsPollers is the number of ReceiveMessage loops of the raw
-	// consumer, the most brokers/sqs runs for one subscription.
+	// consumer, as many as brokers/sqs runs for a Prefetch of 40 (the Go
+	// benchmarks' worker).
 	sqsPollers = 4
 )
 
@@ -81,7 +83,7 @@ func newSQSRawClient(ctx context.Context, endpoint string) (*sqsRawClient, error
 // SQSPublish sends n messages with body to the queue at queueURL through
 // c: publishers at once, each taking the next batch of batch messages and
 // sending it as SendMessageBatch calls of at most 10 entries and 256 KiB,
-// 8 calls in flight, all awaited before its next batch (the relay's shape
+// 16 calls in flight, all awaited before its next batch (the relay's shape
 // through brokers/sqs), with the message attributes the adapter sends for
 // an outbox row (ferry-id, ferry-type, ferry-key, ferry-headers). It
 // returns the elapsed time; a failed call or an entry SQS lists as Failed

@@ -250,12 +250,15 @@ func (r *runner) processes(ctx context.Context, db *database, t Target) ([]runco
 		notes = append(notes, "no PostgreSQL CPU: "+err.Error())
 	}
 	if t.URL != "" {
-		if l, err := runcost.Listener("broker", t.URL); err != nil {
+		if l, err := runcost.Listener("broker", t.serverURL()); err != nil {
 			notes = append(notes, "no "+t.Name+" CPU: "+err.Error())
 		} else if l.PID == procs[0].PID {
 			notes = append(notes, t.Name+" runs inside the ferry process: its CPU is in ferry's")
 		} else {
 			procs = append(procs, l)
+		}
+		if t.serverURL() != t.URL {
+			notes = append(notes, "ferry's CPU includes the proxy its "+t.Name+" calls go through")
 		}
 	}
 	return procs, strings.Join(notes, "; ")

@@ -70,6 +70,18 @@ type Target struct {
 	// again); it is called once per failover run. Nil: failover is "not
 	// supported" on this broker.
 	Cluster func(ctx context.Context) (*Cluster, error)
+	// ServerURL is the server's own URL when URL goes through a proxy
+	// (ferry bench --sqs-latency): its port finds the server's process for
+	// the CPU and memory figures. Defaults to URL.
+	ServerURL string
+}
+
+// serverURL is t.ServerURL, or t.URL.
+func (t Target) serverURL() string {
+	if t.ServerURL != "" {
+		return t.ServerURL
+	}
+	return t.URL
 }
 
 // Config configures Run. Zero values mean the documented defaults; the

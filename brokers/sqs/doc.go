@@ -1,8 +1,9 @@
 // Package sqs is ferry's AWS SQS adapter (broker.Broker) on
 // github.com/aws/aws-sdk-go-v2/service/sqs. It is tested against ElasticMQ
 // 1.6.11 with sqs-limits = strict (compose/local/services.sh up sqs), and
-// its FIFO deduplication also against moto 5.1's standalone server
-// (services.sh up moto).
+// its conformance suite and FIFO deduplication also against moto 5.1's
+// standalone server (services.sh up moto); TestServersDiffer names where
+// the two differ and what AWS documents.
 //
 // # Topology
 //
@@ -65,11 +66,14 @@
 // broker.ErrInvalidMessage, and the others are sent. Publish returns a
 // *broker.PublishError listing only the messages not accepted, so the
 // calls SQS accepted are never sent again; only when every message failed
-// with one call's error does it return that error itself. Up to 8 calls
-// of one Publish are in flight; on FIFO queues one queue's calls go one
-// after another, in order, and after a failed call the later ones of that
-// queue are not made (their messages fail with its error, or are sent
-// after the refused ones are sorted out).
+// with one call's error does it return that error itself. Up to
+// Config.SendConcurrency (16) calls of one Publish are in flight; on FIFO
+// queues one queue's calls go one after another, in order, and after a
+// failed call the later ones of that queue are not made (their messages
+// fail with its error, or are sent after the refused ones are sorted out).
+// A message without ID or Type fails with broker.ErrInvalidMessage before
+// any call (they travel as attributes, and SQS takes no empty attribute
+// value).
 //
 // A message is encoded as the body plus at most five message attributes
 // (SQS allows ten): ferry-id, ferry-type, ferry-key, ferry-headers (every
@@ -102,15 +106,24 @@
 //
 // # Consume
 //
-// Subscribe long-polls (WaitTimeSeconds = Config.WaitTime, 20 s; the HTTP
-// client's timeout is 15 s longer), naming the message attributes and the
-// system attributes ApproximateReceiveCount, ApproximateFirstReceiveTimestamp
-// and SentTimestamp (AWS returns only what is named). A long poll asks for
-// a 5 s visibility timeout, raised to SubscribeOptions.AckDeadline as soon
-// as the messages arrive, so the messages an abandoned long poll took (a
-// closing process) come back within 5 s; while the queue is busy (the last
-// receive was full) a receive does not wait and asks for the AckDeadline
-// at once. Messages received and not yet
+// Subscribe runs Config.ReceivePollers pollers (by default one per 10
+// messages of SubscribeOptions.Prefetch, at most 16), each a loop of
+// ReceiveMessage calls of up to 10 messages, naming the message attributes
+// and the system attributes ApproximateReceiveCount,
+// ApproximateFirstReceiveTimestamp and SentTimestamp (AWS returns only
+// what is named). While the queue is idle or trickling one poller at a
+// time long-polls (WaitTimeSeconds = Config.WaitTime, 20 s; the HTTP
+// client's timeout is 15 s longer), so an idle subscription costs one call
+// per 20 s; a poller whose receive came back full is busy and receives
+// again without waiting, and the next poller's long poll starts at once,
+// so under load every poller receives at the same time within a few round
+// trips. A busy poller waits, while the handlers still have buffered
+// messages, until 10 fit under the prefetch: SQS bills each call. A long
+// poll asks for a 5 s visibility timeout, raised to
+// SubscribeOptions.AckDeadline as soon as the messages arrive, so the
+// messages an abandoned long poll took (a closing process) come back
+// within 5 s; a busy receive asks for the AckDeadline at once. Messages
+// received and not yet
 // handed out by Receive get a visibility heartbeat every third of the
 // deadline; Delivery.Extend (ChangeMessageVisibility) keeps the handed-out
 // ones. A buffered message received again anyway (its visibility ran out
@@ -164,6 +177,28 @@
 // answers a long poll whose queue is deleted under it. AWS refuses to
 // create a queue under the name of one deleted less than 60 s before (the
 // process retries until it may); ElasticMQ does not.
+//
+// # Latency and calls in flight
+//
+// On AWS a call takes 10 to 20 ms from inside the region (loopback
+// servers: well under 1 ms), so throughput is the calls in flight times
+// 10 messages over the call's time. A relay batch of n rows is
+// ceil(n / (10 × SendConcurrency)) round trips: the relay's default batch
+// (100 rows) is one, and the relay's default 4 claim loops keep up to 40
+// SendMessageBatch calls in flight. A worker receives with up to
+// ReceivePollers calls and acks with DeleteMessageBatch calls of up to 10
+// Acks each; since each handler waits for its Ack, a worker handles about
+// Concurrency × BatchSize / (transaction + one round trip) messages a
+// second, and Prefetch must cover what is in flight (receive, buffer,
+// handlers, Acks): give it 2 × Concurrency × BatchSize or more. Measured
+// with 15 ms added to every call (bench/README.md, "SQS scaling";
+// BenchmarkSQSScaling, ferry bench --sqs-latency): the worker's defaults
+// (Concurrency 10, Prefetch 10) handle 177 messages a second, Concurrency
+// 64 with Prefetch 128 about 1,800, and a handler whose work is all in
+// its transaction with BatchSize 10, Concurrency 40 and Prefetch 400
+// about 3,000 (one transaction and one DeleteMessageBatch per 10). The
+// HTTP client keeps 256 idle connections to the endpoint, so no call in
+// flight opens one (on AWS, a TLS handshake).
 //
 // # DLQ
 //

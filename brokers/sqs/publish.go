@@ -16,10 +16,6 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
-// sendConcurrency bounds the SendMessageBatch calls of one Publish in
-// flight at once.
-const sendConcurrency = 8
-
 // pending is one message bound for one queue.
 type pending struct {
 	idx   int // in the Publish batch
@@ -30,9 +26,10 @@ type pending struct {
 // Publish routes each message to every declared queue (of the last
 // declared exchange) whose bindings match its Type, and sends them with
 // SendMessageBatch: at most 10 entries and at most the queue's
-// MaximumMessageSize bytes per call. A message no queue matches fails with
+// MaximumMessageSize bytes per call. A message without ID or Type fails
+// with broker.ErrInvalidMessage, one no queue matches with
 // broker.ErrUnroutable, one larger than Capabilities.MaxMessageBytes or
-// the queue's limit with broker.ErrMessageTooLarge, both before any call;
+// the queue's limit with broker.ErrMessageTooLarge, all before any call;
 // an entry SQS lists under Failed fails with SQS's code and message,
 // wrapping broker.ErrInvalidMessage when SQS says it is the sender's fault
 // (the message's body or an attribute SQS refuses), broker.ErrNacked when
@@ -83,6 +80,23 @@ func (b *Broker) Publish(ctx context.Context, msgs []*broker.Message) error {
 	failed := map[int]error{}
 	perQueue := map[*queueInfo][]pending{}
 	for i, m := range msgs {
+		// ID and Type travel as message attributes, whose value SQS
+		// requires to be non-empty ("Name, type, value and the message
+		// body must not be empty or null", SQS Developer Guide, "Amazon
+		// SQS message attributes"). ElasticMQ refuses such an entry;
+		// moto 5.1 accepts it and hands the message out without the
+		// attribute, i.e. under SQS's MessageId (TestServersDiffer).
+		switch {
+		case m == nil:
+			failed[i] = fmt.Errorf("%w: sqs: publish: nil message", broker.ErrInvalidMessage)
+			continue
+		case m.ID == "":
+			failed[i] = fmt.Errorf("%w: sqs: publish: Message.ID is required (it is the ferry-id attribute, and SQS takes no empty attribute value)", broker.ErrInvalidMessage)
+			continue
+		case m.Type == "":
+			failed[i] = fmt.Errorf("%w: sqs: publish %s: Message.Type is required (it is the ferry-type attribute, and SQS takes no empty attribute value)", broker.ErrInvalidMessage, m.ID)
+			continue
+		}
 		var matched []*queueInfo
 		for _, qi := range targets {
 			for _, p := range qi.q.Bindings {
@@ -188,7 +202,7 @@ func (b *Broker) Publish(ctx context.Context, msgs []*broker.Message) error {
 }
 
 // sendQueue sends ps to one queue in SendMessageBatch calls (splitBatches),
-// up to sendConcurrency of them at once, and returns the messages not
+// up to Config.SendConcurrency of them at once, and returns the messages not
 // accepted by batch index. On a FIFO queue the calls go one after another
 // (a FIFO queue keeps the order in which its calls arrive), and after a
 // call that failed the later ones are not made: their messages fail with
@@ -226,7 +240,7 @@ func (b *Broker) sendQueue(ctx context.Context, qi *queueInfo, ps []pending) map
 		return out
 	}
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, sendConcurrency)
+	sem := make(chan struct{}, b.cfg.SendConcurrency)
 	for _, batch := range batches {
 		wg.Add(1)
 		sem <- struct{}{}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -113,8 +114,15 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	// The HTTP client's timeout outlasts the long poll (WaitTimeSeconds).
-	hc := awshttp.NewBuildableClient().WithTimeout(cfg.WaitTime + 15*time.Second)
+	// The HTTP client's timeout outlasts the long poll (WaitTimeSeconds),
+	// and it keeps a connection idle for every call the broker may have in
+	// flight (the SDK keeps 10 per host, so a busier broker would open and
+	// close a connection, and on AWS do a TLS handshake, per call).
+	hc := awshttp.NewBuildableClient().WithTimeout(cfg.WaitTime + 15*time.Second).
+		WithTransportOptions(func(t *http.Transport) {
+			t.MaxIdleConns = max(t.MaxIdleConns, idleConns)
+			t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, idleConns)
+		})
 	opts := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithRegion(cfg.Region),
 		awsconfig.WithHTTPClient(hc),
@@ -141,6 +149,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
+		o.APIOptions = append(o.APIOptions, cfg.APIOptions...)
 	})
 	if _, err := client.ListQueues(ctx, &sqs.ListQueuesInput{MaxResults: aws.Int32(1)}); err != nil {
 		if credentialRefusal(err) {
@@ -155,6 +164,11 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		subs: map[*subscription]struct{}{}, open: map[*delivery]struct{}{},
 	}, nil
 }
+
+// idleConns is the HTTP client's idle connections to the endpoint: a
+// relay's claim loops times SendConcurrency, the pollers, the Acks'
+// DeleteMessageBatch calls and the heartbeats.
+const idleConns = 256
 
 // credentialRefusal reports whether err, from a request, is the server
 // refusing the credentials: one of refusalCodes, or an HTTP 401 or 403

@@ -15,10 +15,13 @@ import (
 	"github.com/ferrymq/ferry/broker"
 )
 
-// Subscribe starts long-polling the queue: ReceiveMessage with
-// WaitTimeSeconds = Config.WaitTime, VisibilityTimeout = opts.AckDeadline
-// (whole seconds, default 30 s), at most 10 messages per call and at most
-// opts.Prefetch received and not settled. Messages received and not yet
+// Subscribe starts receiving from the queue: Config.ReceivePollers
+// ReceiveMessage loops (default ceil(opts.Prefetch / 10), at most 16), of
+// which one at a time long-polls (WaitTimeSeconds = Config.WaitTime) and
+// the busy ones (their last receive came back full) receive without
+// waiting; VisibilityTimeout = opts.AckDeadline (whole seconds, default
+// 30 s), at most 10 messages per call and at most opts.Prefetch received
+// and not settled (see the package documentation, "Consume"). Messages received and not yet
 // handed out by Receive get a visibility heartbeat (every third of the
 // deadline), so a slow handler does not let the tail of a batch go to
 // another consumer; handed-out ones are kept by Delivery.Extend. With
@@ -60,8 +63,10 @@ func (b *Broker) Subscribe(ctx context.Context, queue string, opts broker.Subscr
 	}
 	b.subs[s] = struct{}{}
 	b.mu.Unlock()
-	pollers := (opts.Prefetch + MaxBatchEntries - 1) / MaxBatchEntries
-	pollers = min(pollers, 4)
+	pollers := b.cfg.ReceivePollers
+	if pollers == 0 {
+		pollers = min((opts.Prefetch+MaxBatchEntries-1)/MaxBatchEntries, DefaultMaxReceivePollers)
+	}
 	for i := 0; i < pollers; i++ {
 		s.wg.Add(1)
 		go s.poll()
@@ -88,6 +93,9 @@ type subscription struct {
 	changed  chan struct{}  // closed and replaced on every change
 	acks     *acker
 	errLog   time.Time // last receive error logged
+	// longPolling is set while one of the pollers' ReceiveMessage calls
+	// waits (WaitTimeSeconds > 0): the others wait for it (poll).
+	longPolling bool
 	// polls holds, per ReceiveMessage call in flight, the time its long
 	// poll ends on the server. Close cancels them on the client; the
 	// server may still hand such an abandoned poll messages until then.
@@ -115,6 +123,9 @@ func (s *subscription) Receive(ctx context.Context) (broker.Delivery, error) {
 			s.buf = append(s.buf[:i], s.buf[i+1:]...)
 			if s.opts.Ordered && d.msg.Key != "" {
 				s.held[d.msg.Key]++
+			}
+			if len(s.buf) == 0 {
+				s.signal() // a poller waiting for a full batch's room polls now
 			}
 			s.mu.Unlock()
 			s.b.mu.Lock()
@@ -163,14 +174,28 @@ func (s *subscription) release(d *delivery, slot, key bool) {
 	s.mu.Unlock()
 }
 
-// poll long-polls while there is room under the prefetch.
+// poll receives while there is room under the prefetch. While the queue
+// is busy (this poller's last receive came back full) it receives without
+// waiting, as every busy poller of the subscription does at once; and it
+// waits for room for a whole batch (10 messages, or Prefetch when
+// smaller) while the buffer still feeds the handlers, or while the buffer
+// is empty but another poller's receive is on its way: receiving what the
+// settles free one by one would make a call per message or two (SQS bills
+// each call, and a server's cost is mostly per call). Otherwise it
+// long-polls, one poller of the subscription at a time: an idle queue
+// costs one call per WaitTime, a trickle gathers in one poll what several
+// would split, and a poll that comes back full makes its poller busy, so
+// the next poller's long poll starts: under load every poller joins
+// within a few round trips.
 func (s *subscription) poll() {
 	defer s.wg.Done()
 	backoff := 100 * time.Millisecond
 	busy := false
+	full := min(MaxBatchEntries, s.opts.Prefetch)
 	for {
 		s.mu.Lock()
-		for !s.closed && s.inflight >= s.opts.Prefetch {
+		for !s.closed && (s.inflight >= s.opts.Prefetch || (!busy && s.longPolling) ||
+			(s.opts.Prefetch-s.inflight < full && ((busy && len(s.buf) > 0) || (len(s.buf) == 0 && len(s.polls) > 0)))) {
 			ch := s.changed
 			s.mu.Unlock()
 			select {
@@ -194,6 +219,9 @@ func (s *subscription) poll() {
 		if busy {
 			wait, vis = 0, s.vis
 		}
+		if !busy {
+			s.longPolling = true
+		}
 		token := new(int)
 		s.polls[token] = time.Now().Add(time.Duration(wait)*time.Second + pollSlack)
 		s.mu.Unlock()
@@ -214,6 +242,12 @@ func (s *subscription) poll() {
 		})
 		unanswered := err != nil && rctx.Err() != nil && s.ctx.Err() == nil
 		rcancel()
+		if !busy {
+			s.mu.Lock()
+			s.longPolling = false // the next long poll may start (during this one's extend)
+			s.signal()
+			s.mu.Unlock()
+		}
 		var got []*delivery
 		if err == nil {
 			for _, m := range out.Messages {

@@ -194,3 +194,42 @@ func TestAlwaysFailsToDLQ(t *testing.T) {
 	require.Equal(t, []int{1, 2, 3}, se.attempts["fail-1"])
 	se.mu.Unlock()
 }
+
+// TestBatchAcksShareOneCall: a worker with BatchSize 8 settles the eight
+// deliveries of a batch at once, not one after another, so the adapter
+// folds their Acks into one DeleteMessageBatch: one round trip per batch
+// (10 to 20 ms on AWS) instead of one per message.
+func TestBatchAcksShareOneCall(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.NewPool(t)
+	require.NoError(t, outbox.Migrate(context.Background(), pool))
+	tp := topology("batchack", "evt.ba")
+	c := newCalls()
+	cfg := config()
+	cfg.APIOptions = c.options()
+	b := declaredRaw(t, cfg, tp)
+	const n = 8
+	var msgs []*broker.Message
+	for i := range n {
+		msgs = append(msgs, &broker.Message{ID: fmt.Sprint("ba", i), Type: "evt.ba", Body: []byte("{}")})
+	}
+	require.NoError(t, b.Publish(ctxFor(t, 30*time.Second), msgs))
+	var acked sync.WaitGroup
+	acked.Add(n)
+	runWorker(t, tp, worker.Config{Consumer: "batchack", Pool: pool, Broker: b, Concurrency: 1, Prefetch: n, BatchSize: n,
+		BatchLinger: time.Second, Handler: func(context.Context, pgx.Tx, *broker.Message) error { return nil },
+		OnOutcome: func(_ *broker.Message, o worker.Outcome, _ time.Duration) {
+			if o == worker.OutcomeAck {
+				acked.Done()
+			}
+		}})
+	done := make(chan struct{})
+	go func() { acked.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the batch was not acked within 30 s")
+	}
+	calls, _, _ := c.get("DeleteMessageBatch")
+	require.LessOrEqual(t, calls, 2, "the batch's Acks share a DeleteMessageBatch (at most two if the receive split the batch)")
+}

@@ -44,6 +44,10 @@ SLF4J_VERSION=1.7.36
 ELASTICMQ_ARTIFACT=org.elasticmq:elasticmq-server_2.13
 ELASTICMQ_VERSION=1.6.11
 ELASTICMQ_XMX=${FERRY_ELASTICMQ_XMX:-256m}
+# h2 (default): queues and messages kept on disk across a real stop;
+# memory: nothing kept, and about a third of the CPU per message (bench/
+# README.md, "SQS scaling"). Read when ElasticMQ starts.
+ELASTICMQ_STORE=${FERRY_ELASTICMQ_STORE:-h2}
 MOTO_VERSION=5.1.22
 
 # Default ports: the CLI's defaults.
@@ -1039,7 +1043,21 @@ start_sqs() {
 		port=$(choose_port sqs $DEF_SQS)
 		mkdir -p "$SQS_DIR/data"
 		# Loopback only, AWS's limits (strict), no statistics server, and
-		# queues (queues.conf) and messages (H2) kept across stop/start.
+		# queues (queues.conf) and messages (H2) kept across stop/start
+		# unless FERRY_ELASTICMQ_STORE=memory.
+		local store=""
+		case $ELASTICMQ_STORE in
+		h2) store="queues-storage {
+  enabled = true
+  path = \"$SQS_DIR/data/queues.conf\"
+}
+messages-storage {
+  enabled = true
+  uri = \"jdbc:h2:$SQS_DIR/data/messages;WRITE_DELAY=0\"
+}" ;;
+		memory) ;;
+		*) die "sqs: FERRY_ELASTICMQ_STORE=$ELASTICMQ_STORE: want h2 or memory" ;;
+		esac
 		cat >"$SQS_DIR/elasticmq.conf" <<EOF
 # written by compose/local/services.sh on each start
 include classpath("application.conf")
@@ -1061,14 +1079,7 @@ rest-stats {
   bind-hostname = "127.0.0.1"
 }
 generate-node-address = false
-queues-storage {
-  enabled = true
-  path = "$SQS_DIR/data/queues.conf"
-}
-messages-storage {
-  enabled = true
-  uri = "jdbc:h2:$SQS_DIR/data/messages;WRITE_DELAY=0"
-}
+$store
 aws {
   region = us-east-1
   accountId = "000000000000"
@@ -1156,9 +1167,18 @@ moto_ready() {
 	tcp_ok "$(saved_port moto)" && [ "$(http_status "$(saved_port moto)" "/?Action=ListQueues")" = 200 ]
 }
 
-# moto keeps everything in memory: a stop loses its queues and messages.
+# moto keeps everything in memory: a real stop loses its queues and
+# messages. So, as for ElasticMQ, stop_moto pauses it (SIGSTOP), an outage
+# that keeps every message, and start_moto resumes a paused one; `down` and
+# `reset` stop it for real (SQS_REAL_STOP).
 start_moto() {
 	moto_venv
+	local paused
+	paused=$(moto_pid)
+	if [ -n "$paused" ] && sqs_paused "$paused"; then
+		say "moto: resuming moto_server (SIGCONT)"
+		kill -CONT "$paused" 2>/dev/null || true
+	fi
 	if [ -n "$(moto_pid)" ]; then
 		if moto_ready; then
 			say "moto: already running on 127.0.0.1:$(saved_port moto)"
@@ -1173,13 +1193,26 @@ start_moto() {
 	wait_ready moto "moto_server"
 }
 
-stop_moto() { stop_if_running moto "$(moto_pid)"; }
+stop_moto() {
+	local pid
+	pid=$(moto_pid)
+	[ -n "$pid" ] || return 0
+	if [ -n "${SQS_REAL_STOP:-}" ]; then
+		kill -CONT "$pid" 2>/dev/null || true
+		stop_if_running moto "$pid"
+		return 0
+	fi
+	say "moto: pausing moto_server (SIGSTOP; 'down moto' stops it)"
+	kill -STOP "$pid" 2>/dev/null || true
+}
 
 status_moto() {
 	local pid
 	pid=$(moto_pid)
 	if [ -n "$pid" ]; then
-		echo "running  pid $pid  http://127.0.0.1:$(saved_port moto)  (moto $MOTO_VERSION, in memory)"
+		local r=running
+		sqs_paused "$pid" && r=paused
+		echo "$r  pid $pid  http://127.0.0.1:$(saved_port moto)  (moto $MOTO_VERSION, in memory)"
 	else
 		echo "stopped"
 	fi

@@ -21,6 +21,7 @@ import (
 	"github.com/ferrymq/ferry/brokers/nats"
 	"github.com/ferrymq/ferry/brokers/rabbitmq"
 	"github.com/ferrymq/ferry/internal/cluster"
+	"github.com/ferrymq/ferry/internal/latencyproxy"
 )
 
 const (
@@ -40,6 +41,7 @@ const (
 	flagRabbitMQClusterMgt = "rabbitmq-cluster-management-url"
 	flagKafkaClusterBroker = "kafka-cluster-brokers"
 	flagNATSClusterURL     = "nats-cluster-url"
+	flagSQSDelay           = "sqs-latency"
 )
 
 // defaultClusterScript is --cluster-script's default when the current
@@ -164,6 +166,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
 			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
 			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
+			&cli.DurationFlag{Name: flagSQSDelay, EnvVars: env("bench-sqs-latency"), Usage: "time added to every SQS call by a loopback proxy in front of --sqs-endpoint, e.g. 15ms (what AWS SQS costs from inside its region); 0: none"},
 		}, benchBrokerFlags(), benchClusterFlags(), []cli.Flag{
 			&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Category: catProcess,
 				Usage: "folder for the data of the embedded PostgreSQL and NATS server", DefaultText: "a temporary folder removed at exit"},
@@ -272,14 +275,33 @@ func runBench(c *cli.Context) error {
 		nsWhere = "embedded NATS JetStream in the ferry process at " + ns.URL()
 	}
 
+	// --sqs-latency: every SQS call, the relay's, the worker's, the raw
+	// baseline's and the child processes', goes through the proxy; the
+	// server's CPU is still found by its own port.
+	sqsServer, sqsWhere := opts.SQSEndpoint, ""
+	if d := c.Duration(flagSQSDelay); d < 0 {
+		return usagef("--%s %v: must not be negative", flagSQSDelay, d)
+	} else if d > 0 && slices.Contains(names, "sqs") {
+		p, err := latencyproxy.Start(opts.SQSEndpoint, d)
+		if err != nil {
+			return usagef("--%s: %v", flagSQSDelay, err)
+		}
+		stops.add(func() { _ = p.Close() })
+		opts.SQSEndpoint = p.URL()
+		sqsWhere = fmt.Sprintf("sqs at %s through a proxy adding %v to every call (%s)", redactURL(sqsServer), d, p.URL())
+	}
+
 	targets := make([]suite.Target, 0, len(names))
 	for _, n := range names {
 		f, _ := lookupBroker(n)
 		t := suite.Target{Name: n, URL: benchURL(n, opts), Cleanup: benchCleanup(n, opts),
 			Open: func(ctx context.Context) (broker.Broker, error) { return f(ctx, opts) }}
-		if n == "nats" && nsWhere != "" {
+		switch {
+		case n == "nats" && nsWhere != "":
 			t.Where = nsWhere
-		} else {
+		case n == "sqs" && sqsWhere != "":
+			t.Where, t.ServerURL = sqsWhere, sqsServer
+		default:
 			t.Where = n + " at " + redactURL(t.URL)
 		}
 		if t.Cluster, err = benchCluster(c, n, opts); err != nil {

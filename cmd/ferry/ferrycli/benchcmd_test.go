@@ -171,6 +171,42 @@ func TestBenchCommandLineHidesPasswords(t *testing.T) {
 			"--rabbitmq-cluster-url=amqp://u:p@h:1/,amqp://u:p@h:2/", "--brokers", "all"}))
 }
 
+// TestBenchSQSLatency: with --sqs-latency every SQS call of the run goes
+// through a proxy that adds the delay, the report says so, and the SQS
+// server's CPU is still measured (found by its own port, not the proxy's).
+func TestBenchSQSLatency(t *testing.T) {
+	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
+	testenv.RequireTCP(t, "sqs", testenv.HostPort(testenv.SQSEndpoint()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a bound on a hung run
+	defer cancel()
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := Main(ctx, []string{"ferry", "bench", "--brokers", "sqs", "--scenarios", "raw,end-to-end", "--messages", "100",
+		"--out", out, "--database-url", testenv.DatabaseURL(), "--sqs-endpoint", testenv.SQSEndpoint(), "--sqs-latency", "15ms",
+		"--log-level", "error"}, &stdout, &stderr)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	require.NoError(t, err)
+	var res suite.Results
+	require.NoError(t, json.Unmarshal(b, &res))
+	require.Contains(t, res.Servers["sqs"], "through a proxy adding 15ms to every call")
+	require.Contains(t, res.Servers["sqs"], testenv.SQSEndpoint(), "the server, not only the proxy")
+	var e2e *suite.Result
+	for i, r := range res.Results {
+		require.Equal(t, "ok", r.Status, "%s: %s", r.Scenario, r.Note)
+		if r.Scenario == suite.ScenarioEndToEnd {
+			e2e = &res.Results[i]
+		}
+	}
+	require.NotNil(t, e2e)
+	require.Contains(t, e2e.Note, "ferry's CPU includes the proxy")
+	names := []string{}
+	for _, f := range e2e.Figures {
+		names = append(names, f.Name)
+	}
+	require.Contains(t, names, "CPU broker", "ElasticMQ's CPU, found by the server's port behind the proxy")
+}
+
 func TestBenchUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--brokers", "carrier-pigeon"},
@@ -178,6 +214,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--scenarios", "raw,speed"},
 		{"--messages", "0"},
 		{"--rate", "-1"},
+		{"--brokers", "sqs", "--sqs-latency", "-1ms"},
 		{"extra"},
 		{"--brokers", "nats", "--nats-cluster-url", "nats://127.0.0.1:4222"},
 		{"--brokers", "kafka", "--kafka-cluster-brokers", "127.0.0.1:9092,127.0.0.1"},

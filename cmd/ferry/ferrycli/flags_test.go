@@ -80,7 +80,7 @@ var usedFlags = map[string][]string{
 	"jobs list":        names([]string{"database-url"}, logFlagNames, []string{"state", "type", "limit", "format"}),
 	"jobs cancel":      names([]string{"database-url"}, logFlagNames, []string{"app-id", "yes"}),
 	"bench": names([]string{"brokers", "scenarios", "messages", "size", "rate", "workers", "out", "database-url",
-		"restart-broker", "peer-dir"}, benchBroker, []string{"cluster-script", "rabbitmq-cluster-url",
+		"restart-broker", "peer-dir", "sqs-latency"}, benchBroker, []string{"cluster-script", "rabbitmq-cluster-url",
 		"rabbitmq-cluster-management-url", "kafka-cluster-brokers", "nats-cluster-url"}, []string{"data-dir"}, logFlagNames),
 	"bench-child": names(benchBroker, []string{"role", "database-url", "broker", "exchange", "workers"}, logFlagNames),
 	"version":     nil,

@@ -335,9 +335,10 @@ type Config struct {
 	// DeadLetter), with the outcome (msg.Attempt as the handler saw it) and the
 	// time spent in the transaction (dedup insert, handler and commit; with
 	// BatchSize > 1 the whole batch's transaction, the same for each of its
-	// messages). It
-	// is called concurrently from the handling goroutines and must be fast;
-	// the ops helper records Prometheus metrics here.
+	// messages). It is called concurrently from the handling goroutines
+	// (the settles of one batch go out at once, so its outcomes come in no
+	// set order) and must be fast; the ops helper records Prometheus
+	// metrics here.
 	OnOutcome func(msg *broker.Message, outcome Outcome, handlerDuration time.Duration)
 	// OnSettleFailure, when set, is called once for each settlement
 	// (Ack, Retry, DeadLetter, Extend) the broker did not take: those the

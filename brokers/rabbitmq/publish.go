@@ -190,15 +190,26 @@ func (r *rabbit) publishHealing(ctx context.Context, items []outgoing) ([]error,
 	if len(again) == 0 || ctx.Err() != nil {
 		return errs, nil
 	}
+	cluster := len(r.cfg.urls()) > 1
 	if herr := r.healTopology(ctx, what, start); herr != nil {
-		return errs, nil // logged; the items keep their first errors
+		// Logged by healTopology. On a cluster the declaration fails
+		// when the node it went to is shutting down or has not yet
+		// recovered (a rolling restart): the route is known, so the
+		// message is not at fault; it is published again later.
+		if cluster {
+			for _, i := range again {
+				if errors.Is(errs[i], broker.ErrUnroutable) {
+					errs[i] = fmt.Errorf("rabbitmq: publish %q: %w (declaring the topology again failed: %v)", items[i].pub.MessageId, ErrRoutesRecovering, herr)
+				}
+			}
+		}
+		return errs, nil
 	}
 	retry := make([]outgoing, len(again))
 	for j, i := range again {
 		retry[j] = items[i]
 	}
 	errs2, err := r.publishConfirmed(ctx, retry)
-	cluster := len(r.cfg.urls()) > 1
 	for j, i := range again {
 		switch {
 		case err != nil:

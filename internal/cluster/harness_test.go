@@ -255,14 +255,18 @@ func (rg *rig) run(fault func(mark func())) result {
 
 	// Drain: bounded so that a lost event fails the test instead of
 	// hanging it.
-	var rows, done int
+	// It waits for the relay too: a batch whose confirms the failover
+	// took is in the broker (and handled) but still unmarked until the
+	// relay publishes it again after its backoff.
+	var rows, done, unmarked int
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
 		qctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := rg.pool.QueryRow(qctx, `SELECT (SELECT count(*) FROM outbox),
-			(SELECT count(DISTINCT o.id) FROM outbox o JOIN effects e ON e.seq = (convert_from(o.payload, 'UTF8')::json->>'Seq')::bigint)`).Scan(&rows, &done)
+			(SELECT count(DISTINCT o.id) FROM outbox o JOIN effects e ON e.seq = (convert_from(o.payload, 'UTF8')::json->>'Seq')::bigint),
+			(SELECT count(*) FROM outbox WHERE processed_at IS NULL)`).Scan(&rows, &done, &unmarked)
 		cancel()
-		if err == nil && rows == done {
+		if err == nil && rows == done && unmarked == 0 {
 			break
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -307,6 +311,19 @@ func (rg *rig) run(fault func(mark func())) result {
 	require.Zero(t, res.Lost, "committed events without an effect")
 	require.Zero(t, outboxLost, "outbox rows without an effect")
 	require.Zero(t, res.Duplicates, "duplicate effects")
+	if res.Charged > 0 {
+		rs, err := rg.pool.Query(bg, `SELECT attempts, processed_at IS NULL, COALESCE(last_error, ''), count(*) FROM outbox
+			WHERE attempts > 0 OR processed_at IS NULL GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 10`)
+		require.NoError(t, err)
+		for rs.Next() {
+			var attempts, n int
+			var unprocessed bool
+			var reason string
+			require.NoError(t, rs.Scan(&attempts, &unprocessed, &reason, &n))
+			t.Logf("charged or unprocessed: %d rows, attempts=%d unprocessed=%v last_error=%q", n, attempts, unprocessed, reason)
+		}
+		require.NoError(t, rs.Err())
+	}
 	require.Zero(t, res.Charged, "outbox rows charged an attempt or left unprocessed by the failover")
 	require.Zero(t, res.WorkerAttempts, "worker attempts recorded because of the failover")
 	require.NotNil(t, first, "no event enqueued after the fault was handled")

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -291,4 +292,28 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	bu := setup(t, "", console.Config{})
 	_, err = console.New(console.Config{Pool: bu.pool, Prefix: "ops/"})
 	require.ErrorIs(t, err, console.ErrInvalidConfig)
+}
+
+// TestOverviewDoesNotWaitForAColdDLQ: a DLQ read whole from the broker
+// takes seconds for thousands of messages; the overview does not wait for
+// its first reading past console's bound (0 here), says the DLQ is being
+// read and leaves it out of api/overview, then shows the count once read.
+func TestOverviewDoesNotWaitForAColdDLQ(t *testing.T) {
+	defer console.SetOverviewWait(0)()
+	bu := setup(t, "nats", console.Config{Token: testToken})
+	for range 2 {
+		bu.enqueue(t, outbox.Event{Type: "job.run", Body: []byte(`{}`)})
+	}
+	bu.waitDead(t, 2)
+	c := newClient(t, bu.base)
+	code, body, _ := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "being read, shown on the next refresh")
+	require.Eventually(t, func() bool {
+		code, body, _ := c.get("/api/overview")
+		return code == http.StatusOK && strings.Contains(body, `"dlq":{"`+bu.queue+`":2}`)
+	}, 30*time.Second, 100*time.Millisecond)
+	_, body, _ = c.get("/")
+	require.NotContains(t, body, "being read")
+	require.Contains(t, body, `data-live-dlq="`+bu.queue+`">2</td>`)
 }

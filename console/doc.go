@@ -35,7 +35,9 @@
 // broker.DeadLetterQueue.List (the broker is the record of what is dead)
 // and serve that reading for Config.DLQCacheTTL, then serve it while it is
 // read again in the background; the page says when it was read, and an
-// action or "read again" reads it afresh (and waits for it).
+// action or "read again" reads it afresh (and waits for it). The overview
+// waits at most 100 ms for a DLQ's first reading: past that it says the
+// DLQ is being read, and its live update shows the count once read.
 //
 // # Safety
 //

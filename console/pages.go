@@ -104,6 +104,8 @@ type queueSummary struct {
 	Dead         int
 	ReadAt       time.Time
 	Err          string
+	// Reading: the DLQ's first reading is still under way (readingWithin).
+	Reading bool
 }
 
 type bar struct {
@@ -165,7 +167,16 @@ func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 		d.Bars = append(d.Bars, b)
 	}
 	for _, q := range c.cfg.Queues {
-		rd := c.reading(ctx, q, r.URL.Query().Get("fresh") != "")
+		var rd *dlqReading
+		if r.URL.Query().Get("fresh") != "" {
+			rd = c.reading(ctx, q, true)
+		} else {
+			rd = c.readingWithin(ctx, q, overviewWait)
+		}
+		if rd == nil {
+			d.Queues = append(d.Queues, queueSummary{Queue: q, Reading: true})
+			continue
+		}
 		s := queueSummary{Queue: q, Where: rd.where, Dead: len(rd.msgs), ReadAt: rd.at}
 		if rd.err != nil {
 			s.Err = rd.err.Error()
@@ -186,7 +197,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 
 // apiOverview is the overview's figures as JSON, for the page's script:
 // {"unprocessed": N, "oldest_ms": N, "scheduled": N, "parked": N,
-// "published_15m": N, "handled_15m": N, "dead_15m": N, "dlq": {"queue": N}}.
+// "published_15m": N, "handled_15m": N, "dead_15m": N, "dlq": {"queue": N}};
+// a queue whose DLQ's first reading is still under way is left out of "dlq".
 func (c *Console) apiOverview(w http.ResponseWriter, r *http.Request) {
 	d, err := c.overviewData(r)
 	if err != nil {
@@ -195,7 +207,9 @@ func (c *Console) apiOverview(w http.ResponseWriter, r *http.Request) {
 	}
 	dead := map[string]int{}
 	for _, q := range d.Queues {
-		dead[q.Queue] = q.Dead
+		if !q.Reading { // not counted yet: left out, not shown as 0
+			dead[q.Queue] = q.Dead
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{

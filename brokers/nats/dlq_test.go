@@ -81,7 +81,9 @@ func TestDLQLookupExchange(t *testing.T) {
 		_, err := js.Stream(ctx, s)
 		require.ErrorIs(t, err, jetstream.ErrStreamNotFound, "the lookup must not create stream %s", s)
 	}
-	_, err = js.Consumer(ctx, nats.StreamName(other.Exchange), nats.StreamName(queue))
+	_, err = js.Consumer(ctx, nats.StreamName(tp.Exchange), nats.ConsumerName(queue))
+	require.NoError(t, err, "the declared queue's consumer is named ConsumerName(queue)")
+	_, err = js.Consumer(ctx, nats.StreamName(other.Exchange), nats.ConsumerName(queue))
 	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound, "the lookup must not create a consumer")
 
 	// Declared queues are found on their exchange whatever LookupExchange

@@ -152,4 +152,13 @@
 // PublishTimeout, and the relay publishes them again: the stream's duplicate
 // window drops a copy it already stored. Tested under load on a 3-server
 // cluster by internal/cluster.
+//
+// A stream and each of its consumers (ConsumerName) are Raft groups of
+// their own, whose leaders JetStream places independently. Losing the
+// server that leads a stream stops its publishes, and losing the one that
+// leads a queue's consumer stops that queue's deliveries, each for one
+// election: 4 to 9 s (nats-server's randomized election timeout, its
+// server/raft.go). Losing any other server, including the one the
+// connection is on, costs a reconnect (measured at 10 ms by
+// internal/cluster).
 package nats

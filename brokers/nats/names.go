@@ -37,6 +37,12 @@ func encodeName(s string) string {
 // dead letters are in the stream StreamName(exchange)+"-dlq".
 func StreamName(exchange string) string { return encodeName(exchange) }
 
+// ConsumerName returns the durable JetStream consumer that holds a queue's
+// place in its exchange's stream (StreamName): what `nats consumer info
+// STREAM CONSUMER` or the monitoring port's /jsz?consumers=true name. A
+// queue "billing.mail-1" has the consumer "billing_mail-h1".
+func ConsumerName(queue string) string { return encodeName(queue) }
+
 // names holds the JetStream names of one exchange.
 type names struct {
 	// stream is the work stream, subjects stream+".>" (events, subject

@@ -19,6 +19,7 @@ func TestEncodeNameInjective(t *testing.T) {
 		seen[e] = s
 	}
 	require.Equal(t, "notifications_send", encodeName("notifications.send"))
+	require.Equal(t, "billing_mail-h1", ConsumerName("billing.mail-1"), "ConsumerName's doc comment")
 	// The suffixes of ferry's own streams never collide with an encoded name.
 	require.NotEqual(t, encodeName("x.dlq"), namesFor("x").dlqStream)
 	require.NotEqual(t, encodeName("x-dlq"), namesFor("x").dlqStream)

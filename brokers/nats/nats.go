@@ -339,7 +339,7 @@ func (b *natsBroker) Declare(ctx context.Context, t broker.Topology) error {
 		qi := &queueInfo{
 			d:        d,
 			queue:    q,
-			consumer: encodeName(q.Name),
+			consumer: ConsumerName(q.Name),
 			dlqSubj:  d.names.dlqSubject(q.Name),
 			replay:   d.names.replaySubject(q.Name),
 		}

@@ -2,7 +2,9 @@
 // ferry bench's failover scenario: Script runs compose/local/services.sh's
 // cluster roles (start a cluster, kill, pause or start one node), Nodes
 // names a clustered broker's nodes and finds the one that leads a
-// topology's work queue, partition or stream.
+// topology's work queue, partition or stream (and, on NATS, the work
+// queue's consumer, whose leader JetStream places apart from the
+// stream's).
 //
 // The tests run the whole pipeline (outbox.Enqueue, the relay, a worker
 // with dedup whose handler's effect is a database row) at a steady rate on

@@ -34,7 +34,8 @@ func TestFailoverNATS(t *testing.T) {
 		open: func(ctx context.Context, log *slog.Logger) (broker.Broker, error) {
 			return nats.New(ctx, nats.Config{URL: url, Logger: log})
 		},
-		leader: leaderOf(nodes),
+		leader:         leaderOf(nodes),
+		consumerLeader: consumerLeaderOf(nodes),
 	})
 }
 

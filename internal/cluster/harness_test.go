@@ -85,6 +85,10 @@ type system struct {
 	// leader returns the node (1..3) that leads the work queue, the
 	// partition or the stream of the rig's topology.
 	leader func(t *testing.T, rg *rig) int
+	// consumerLeader, when set, returns the node that leads the work
+	// queue's consumer where that is a replicated object of its own
+	// (JetStream), or 0 when no node answered.
+	consumerLeader func(t *testing.T, rg *rig) int
 }
 
 // rig is one pipeline: a database, a relay and a worker, and the counts a
@@ -332,6 +336,26 @@ func (rg *rig) run(fault func(mark func())) result {
 
 // ---------------------------------------------------------------- leaders
 
+// consumerLeaderOf returns the function that finds the node leading a
+// rig's work queue's consumer on nodes (Nodes.ConsumerLeader), asking
+// every 250 ms for up to 10 s: a healthy cluster under load names it.
+func consumerLeaderOf(nodes Nodes) func(t *testing.T, rg *rig) int {
+	return func(t *testing.T, rg *rig) int {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			n, err := nodes.ConsumerLeader(ctx, rg.topo)
+			cancel()
+			if err == nil || time.Now().After(deadline) {
+				require.NoError(t, err, "the work queue's consumer has no leader on a healthy cluster")
+				require.True(t, n >= 1 && n <= len(nodes.URLs), "consumer leader node %d of %d", n, len(nodes.URLs))
+				return n
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+}
+
 // leaderOf returns the function that finds the node leading a rig's work
 // queue, the partition or the stream on nodes (Nodes.Leader), within 30 s.
 func leaderOf(nodes Nodes) func(t *testing.T, rg *rig) int {
@@ -366,7 +390,14 @@ var faults = []struct {
 		if sys.leader(t, rg) == 1 {
 			n = 2
 		}
-		t.Logf("kill -9 node %d (not the leader)", n)
+		if sys.consumerLeader != nil {
+			// JetStream places a consumer's leader apart from its stream's:
+			// killing it costs one consumer election (4-9 s in nats-server).
+			c := sys.consumerLeader(t, rg)
+			t.Logf("kill -9 node %d (not the stream's leader; the queue's consumer is led by node %d)", n, c)
+		} else {
+			t.Logf("kill -9 node %d (not the leader)", n)
+		}
 		node(t, sys.role, n, "kill")
 		mark() // the node is gone: what is enqueued from now on needs the failover
 		time.Sleep(phase(t))

@@ -169,9 +169,52 @@ func (n Nodes) kafkaLeader(ctx context.Context, try int, topic string) (int, err
 	return 0, fmt.Errorf("topic %s: no partition 0", topic)
 }
 
+// ConsumerLeader returns the node (1..len(URLs)) that leads the JetStream
+// consumer of tp's first queue (NATS only: a consumer has a Raft group of
+// its own, whose leader is placed independently of its stream's, so a node
+// that does not lead the stream may still lead the consumer, and losing it
+// stops deliveries for one consumer election). It asks once; the error
+// says why no node was found. Other brokers: an error.
+func (n Nodes) ConsumerLeader(ctx context.Context, tp broker.Topology) (int, error) {
+	if n.Broker != "nats" {
+		return 0, fmt.Errorf("cluster: broker %q: consumer leaders are a JetStream notion (nats)", n.Broker)
+	}
+	if len(tp.Queues) == 0 {
+		return 0, fmt.Errorf("cluster: topology %q has no queue", tp.Exchange)
+	}
+	stream, consumer := nats.StreamName(tp.Exchange), nats.ConsumerName(tp.Queues[0].Name)
+	return n.natsLeaderOf(ctx, "consumer "+stream+"/"+consumer, func(js jetstream.JetStream) (*jetstream.ClusterInfo, error) {
+		c, err := js.Consumer(ctx, stream, consumer)
+		if err != nil {
+			return nil, err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return info.Cluster, nil
+	})
+}
+
 // natsLeader: the server that leads stream, matched to a node by the
 // server name each node's URL answers with.
 func (n Nodes) natsLeader(ctx context.Context, stream string) (int, error) {
+	return n.natsLeaderOf(ctx, "stream "+stream, func(js jetstream.JetStream) (*jetstream.ClusterInfo, error) {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return nil, err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return info.Cluster, nil
+	})
+}
+
+// natsLeaderOf asks every node for its server name and the first node that
+// answers for the leader that cluster reports, and matches the two.
+func (n Nodes) natsLeaderOf(ctx context.Context, what string, cluster func(jetstream.JetStream) (*jetstream.ClusterInfo, error)) (int, error) {
 	names := make([]string, len(n.URLs))
 	var leader string
 	var last error
@@ -183,27 +226,23 @@ func (n Nodes) natsLeader(ctx context.Context, stream string) (int, error) {
 		}
 		names[i] = nc.ConnectedServerName()
 		if leader == "" {
-			if js, err := jetstream.New(nc); err == nil {
-				if s, err := js.Stream(ctx, stream); err == nil {
-					if info, err := s.Info(ctx); err == nil && info.Cluster != nil {
-						leader = info.Cluster.Leader
-					} else if err != nil {
-						last = err
-					}
-				} else {
-					last = err
-				}
+			if js, err := jetstream.New(nc); err != nil {
+				last = err
+			} else if ci, err := cluster(js); err != nil {
+				last = err
+			} else if ci != nil {
+				leader = ci.Leader
 			}
 		}
 		nc.Close()
 	}
 	if leader == "" {
-		return 0, fmt.Errorf("stream %s: no leader: %v", stream, last)
+		return 0, fmt.Errorf("%s: no leader: %v", what, last)
 	}
 	if i := slices.Index(names, leader); i >= 0 {
 		return i + 1, nil
 	}
-	return 0, fmt.Errorf("stream %s: leader %s is none of the servers that answered (%s)", stream, leader, strings.Join(names, ","))
+	return 0, fmt.Errorf("%s: leader %s is none of the servers that answered (%s)", what, leader, strings.Join(names, ","))
 }
 
 // rabbitLeader: the node that leads quorum queue q, from the management

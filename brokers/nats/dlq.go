@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,7 +18,8 @@ import (
 // DLQ implements broker.Broker. The dead letters of a queue are the
 // messages on subject <stream>-dlq.<queue> of the DLQ stream. DLQ does no
 // I/O. For a queue this broker did not declare, every operation first
-// looks the queue up on the server (see locate), creating nothing.
+// looks the queue up on the server (see locate), creating nothing that
+// lasts (a reading uses a consumer of its own, deleted after it; see scan).
 func (b *natsBroker) DLQ(queue string) (broker.DeadLetterQueue, error) {
 	d, _, err := b.declaredQueue(queue)
 	switch {
@@ -200,9 +202,21 @@ type deadEntry struct {
 	dead broker.DeadMessage
 }
 
+// scanBatch is how many dead messages one pull of scan's reading
+// consumer asks for.
+const scanBatch = 1000
+
 // scan locates the DLQ and reads up to limit dead messages (all when
-// limit <= 0), oldest first, by direct gets of the next message on the
-// queue's DLQ subject. It returns the DLQ stream and the place too.
+// limit <= 0), oldest first. It returns the DLQ stream and the place too.
+//
+// It reads through a consumer of its own on the DLQ stream, filtered to
+// the queue's DLQ subject: ephemeral, in memory, one replica, no acks,
+// deleted when scan returns (and by the server after 30 s without a pull
+// should that delete not arrive). Its pulls of up to scanBatch messages
+// stream the DLQ in a few round trips; a direct get per message cost a
+// round trip each (10,000 dead messages took 1.5 s, 150 µs a message, on
+// loopback). The reading ends at the message whose metadata says nothing
+// more is pending on the subject, or at a pull that brings nothing.
 func (q *deadLetterQueue) scan(ctx context.Context, limit int) (jetstream.Stream, dlqPlace, []deadEntry, error) {
 	if q.b.isClosed() {
 		return nil, dlqPlace{}, nil, broker.ErrClosed
@@ -218,17 +232,59 @@ func (q *deadLetterQueue) scan(ctx context.Context, limit int) (jetstream.Stream
 		}
 		return nil, p, nil, fmt.Errorf("nats: DLQ of %s: stream %s: %w", q.queue, p.names.dlqStream, err)
 	}
+	readErr := func(what string, err error) error {
+		return fmt.Errorf("nats: DLQ of %s: read %s (stream %s): %s: %w", q.queue, p.dlqSubj, p.names.dlqStream, what, err)
+	}
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     p.dlqSubj,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: 30 * time.Second,
+	})
+	if err != nil {
+		return nil, p, nil, readErr("create a reading consumer", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := stream.DeleteConsumer(dctx, cons.CachedInfo().Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			q.b.log.Warn("nats: deleting the DLQ's reading consumer failed; the server deletes it after 30 s", "queue", q.queue, "consumer", cons.CachedInfo().Name, "err", err)
+		}
+	}()
+	pending := cons.CachedInfo().NumPending
 	var out []deadEntry
-	for seq := uint64(1); limit <= 0 || len(out) < limit; {
-		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(p.dlqSubj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
+	for pending > 0 && (limit <= 0 || len(out) < limit) {
+		n := scanBatch
+		if limit > 0 {
+			n = min(n, limit-len(out))
 		}
+		wait := 2 * time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, max(time.Until(dl), 100*time.Millisecond))
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(wait))
 		if err != nil {
-			return nil, p, nil, fmt.Errorf("nats: DLQ of %s: read %s from sequence %d: %w", q.queue, p.dlqSubj, seq, err)
+			return nil, p, nil, readErr("pull", err)
 		}
-		out = append(out, deadEntry{seq: raw.Sequence, dead: toDead(raw, p.names.stream+".")})
-		seq = raw.Sequence + 1
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, p, nil, readErr("message metadata", err)
+			}
+			raw := &jetstream.RawStreamMsg{Subject: m.Subject(), Sequence: md.Sequence.Stream, Header: m.Headers(), Data: m.Data(), Time: md.Timestamp}
+			out = append(out, deadEntry{seq: raw.Sequence, dead: toDead(raw, p.names.stream+".")})
+			pending = md.NumPending
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, natsgo.ErrTimeout) {
+			return nil, p, nil, readErr("pull", err)
+		}
+		if got == 0 {
+			break // what was pending was deleted meanwhile
+		}
 	}
 	return stream, p, out, nil
 }

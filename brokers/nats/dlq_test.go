@@ -54,6 +54,12 @@ func TestDLQLookupExchange(t *testing.T) {
 	require.Len(t, list, 1)
 	require.Equal(t, "L1", list[0].Message.ID)
 	require.Equal(t, "evt.lookup", list[0].Message.Type)
+	// The reading consumer List used is gone with the reading.
+	dlqStream, err := jsFor(t).Stream(ctx, nats.StreamName(tp.Exchange)+"-dlq")
+	require.NoError(t, err)
+	dlqInfo, err := dlqStream.Info(ctx)
+	require.NoError(t, err)
+	require.Zero(t, dlqInfo.State.Consumers, "consumers left on the DLQ stream after a List")
 
 	// The queue is not on this (existing) exchange.
 	other := topology("nats-lookup-other", "evt.other")

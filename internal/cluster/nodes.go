@@ -122,6 +122,13 @@ func (n Nodes) Leader(ctx context.Context, tp broker.Topology) (int, error) {
 	default:
 		return 0, fmt.Errorf("cluster: broker %q: no leader lookup (rabbitmq, kafka, nats)", n.Broker)
 	}
+	return n.askUntil(ctx, ask)
+}
+
+// askUntil calls ask every 250 ms, each call bounded by 5 s, until it
+// answers, and returns an error wrapping ErrNoLeader with the last answer
+// when ctx ends first.
+func (n Nodes) askUntil(ctx context.Context, ask func(ctx context.Context, try int) (int, error)) (int, error) {
 	var last error
 	for try := 0; ; try++ {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -173,8 +180,9 @@ func (n Nodes) kafkaLeader(ctx context.Context, try int, topic string) (int, err
 // consumer of tp's first queue (NATS only: a consumer has a Raft group of
 // its own, whose leader is placed independently of its stream's, so a node
 // that does not lead the stream may still lead the consumer, and losing it
-// stops deliveries for one consumer election). It asks once; the error
-// says why no node was found. Other brokers: an error.
+// stops deliveries for one consumer election). It asks every 250 ms until
+// a node answers, and returns an error wrapping ErrNoLeader when ctx ends
+// first (give it a deadline). Other brokers: an error.
 func (n Nodes) ConsumerLeader(ctx context.Context, tp broker.Topology) (int, error) {
 	if n.Broker != "nats" {
 		return 0, fmt.Errorf("cluster: broker %q: consumer leaders are a JetStream notion (nats)", n.Broker)
@@ -183,16 +191,18 @@ func (n Nodes) ConsumerLeader(ctx context.Context, tp broker.Topology) (int, err
 		return 0, fmt.Errorf("cluster: topology %q has no queue", tp.Exchange)
 	}
 	stream, consumer := nats.StreamName(tp.Exchange), nats.ConsumerName(tp.Queues[0].Name)
-	return n.natsLeaderOf(ctx, "consumer "+stream+"/"+consumer, func(js jetstream.JetStream) (*jetstream.ClusterInfo, error) {
-		c, err := js.Consumer(ctx, stream, consumer)
-		if err != nil {
-			return nil, err
-		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return info.Cluster, nil
+	return n.askUntil(ctx, func(ctx context.Context, _ int) (int, error) {
+		return n.natsLeaderOf(ctx, "consumer "+stream+"/"+consumer, func(js jetstream.JetStream) (*jetstream.ClusterInfo, error) {
+			c, err := js.Consumer(ctx, stream, consumer)
+			if err != nil {
+				return nil, err
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return info.Cluster, nil
+		})
 	})
 }
 

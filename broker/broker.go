@@ -353,10 +353,14 @@ func (e *PublishError) Unwrap() []error {
 // ErrUnroutable, ErrMessageTooLarge or ErrInvalidMessage; a
 // *RefusedCallError wraps ErrInvalidMessage) rather than of the broker as
 // a whole (unreachable, closed, a deadline passed, a server error,
-// throttling, credentials; see Broker.Publish). A caller retries a message
+// throttling, credentials, no room: ErrBlocked, which is never a message
+// fault; see Broker.Publish). A caller retries a message
 // fault with a per-message backoff and an outage by pausing all
 // publishing.
 func IsMessageFault(err error) bool {
+	if errors.Is(err, ErrBlocked) {
+		return false // no room on the broker: the messages are not at fault
+	}
 	return errors.Is(err, ErrInvalidMessage) || errors.Is(err, ErrMessageTooLarge) ||
 		errors.Is(err, ErrUnroutable) || errors.Is(err, ErrNacked)
 }
@@ -524,6 +528,12 @@ type Broker interface {
 	//     or a quota, authentication or authorisation, a missing or closed
 	//     topic, stream or queue. Its messages fail with that error, which
 	//     IsMessageFault does not recognise.
+	//     An outage because the broker has no room (a resource alarm, too
+	//     few in-sync replicas, a full stream) wraps ErrBlocked with the
+	//     broker's reason (see ErrBlocked for what each adapter maps);
+	//     when the broker stops answering for that reason (RabbitMQ's
+	//     connection.blocked), Publish returns it as soon as it knows,
+	//     without waiting for ctx's deadline.
 	//   - a message fault, which publishing the same message again repeats:
 	//     the broker refused the message for what it is (its size, body,
 	//     headers or routing: ErrMessageTooLarge, ErrInvalidMessage,

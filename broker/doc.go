@@ -31,7 +31,11 @@
 // broker (unreachable, closed, a deadline passed, a server error,
 // throttling, credentials) and says nothing about the message. The outbox
 // relay parks the first kind with a per-message backoff and waits out the
-// second as one outage. A call to the broker that carried several
+// second as one outage. A broker that is up but has no room (a
+// RabbitMQ memory or disk alarm, a Kafka partition short of in-sync
+// replicas, a full JetStream stream) is the second kind too, told apart
+// by ErrBlocked with the broker's reason (BlockedReason), so that the
+// relay can say why it holds its rows. A call to the broker that carried several
 // messages and was refused as a whole because of them is neither: the
 // adapter finds the message(s) at fault by sending the others apart
 // (SendSplitting, RefusedCallError), so one bad message never holds back

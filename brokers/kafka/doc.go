@@ -98,6 +98,13 @@
 // alone; the others are written. Any other error (NOT_LEADER_OR_FOLLOWER,
 // REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, throttling, authorisation, a
 // network error, ctx's deadline) is an outage for the records it covers.
+// NOT_ENOUGH_REPLICAS (19), NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) and
+// KAFKA_STORAGE_ERROR (56) are the leader having no room for the write:
+// they wrap broker.ErrBlocked with Kafka's description, also when ctx's
+// deadline passed while the adapter sent the request again, so the relay
+// reports why it holds its rows. Since Kafka 3.7 the leader uses
+// min(min.insync.replicas, replica count) as the minimum ISR
+// (apache/kafka#14594), so a topic with one replica never refuses this way.
 // The records of the partitions Kafka accepted are not listed and never
 // written again; when one error failed the whole write (the broker is
 // down) Publish returns it as a plain error. A Publish never outlives

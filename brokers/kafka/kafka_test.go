@@ -129,3 +129,20 @@ func lowerMaxMessageBytes(ctx context.Context, t *testing.T, topic string, n int
 func TestWorkerSuite(t *testing.T) {
 	workertest.RunWorkerSuite(t, newBroker)
 }
+
+// TestBatchKill kills a worker process (SIGKILL) right after a batch's
+// commit and in the middle of a batch; see workertest.RunBatchKillSuite.
+// The killed consumer's partitions come back after its session timeout:
+// 6 s (the broker's group.min.session.timeout.ms) instead of 10 s.
+func TestBatchKill(t *testing.T) {
+	workertest.RunBatchKillSuite(t, func(tb testing.TB) broker.Broker {
+		tb.Helper()
+		testenv.RequireTCP(tb, "kafka", testenv.KafkaBrokers()[0])
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		b, err := kafka.New(ctx, kafka.Config{Brokers: testenv.KafkaBrokers(), SessionTimeout: 6 * time.Second})
+		require.NoError(tb, err)
+		tb.Cleanup(func() { _ = b.Close() })
+		return b
+	})
+}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ferrymq/ferry/broker"
 )
 
 // Why the adapter sends produce requests itself instead of using
@@ -198,12 +200,14 @@ func (b *kafkaBroker) produceChunk(ctx context.Context, k topicPartition, recs [
 			return fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
 		if attempt >= produceMaxAttempts || !retriable(err) {
-			return err
+			return noRoom(err, err)
 		}
 		b.log.Debug("produce: retrying", "topic", k.topic, "partition", k.partition, "attempt", attempt, "err", err)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (%v)", ctx.Err(), err)
+			// The deadline passed while the leader refused the write for
+			// lack of room: that is why (broker.ErrBlocked).
+			return noRoom(fmt.Errorf("%w (%v)", ctx.Err(), err), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, produceBackoffMax)
@@ -228,6 +232,24 @@ func chunkRecords(recs []kafkago.Message, idx []int) kafkago.RecordReader {
 		}
 	}
 	return kafkago.NewRecordReader(rs...)
+}
+
+// noRoom returns err wrapped in a *broker.BlockedError when cause, the
+// partition leader's answer, says it has no room for the write:
+// NOT_ENOUGH_REPLICAS (19) or NOT_ENOUGH_REPLICAS_AFTER_APPEND (20),
+// fewer in-sync replicas than the topic's min.insync.replicas for an
+// acks=all produce, or KAFKA_STORAGE_ERROR (56), its log directory
+// offline (Kafka protocol guide, "Error Codes"). The reason is Kafka's
+// own description of the code. Any other err is returned as it is.
+func noRoom(err, cause error) error {
+	var ke kafkago.Error
+	if errors.As(cause, &ke) {
+		switch ke {
+		case kafkago.NotEnoughReplicas, kafkago.NotEnoughReplicasAfterAppend, kafkago.KafkaStorageError:
+			return broker.Blocked(ke.Error(), err)
+		}
+	}
+	return err
 }
 
 // retriable reports whether a produce request that failed with err is

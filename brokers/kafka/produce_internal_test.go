@@ -136,3 +136,31 @@ func TestRetriedProduceKeepsBodies(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 }
+
+// A partition leader without room for the write (too few in-sync
+// replicas for acks=all, its log directory offline) is broker.ErrBlocked
+// with Kafka's description, also when the deadline passed while the
+// adapter was sending the request again; it is never a message fault.
+// The real refusal cannot be had from the single-node test Kafka: since
+// Kafka 3.7 the effective min ISR is min(min.insync.replicas, replica
+// count) (apache/kafka#14594), so a one-replica topic never refuses.
+func TestNoRoomIsBlocked(t *testing.T) {
+	for _, ke := range []kafkago.Error{kafkago.NotEnoughReplicas, kafkago.NotEnoughReplicasAfterAppend, kafkago.KafkaStorageError} {
+		err := noRoom(ke, ke)
+		reason, ok := broker.BlockedReason(err)
+		require.True(t, ok, "%v", ke)
+		require.Equal(t, ke.Error(), reason)
+		require.ErrorIs(t, err, ke)
+		require.False(t, broker.IsMessageFault(err))
+
+		late := noRoom(fmt.Errorf("%w (%v)", context.DeadlineExceeded, ke), ke)
+		require.ErrorIs(t, late, broker.ErrBlocked)
+		require.ErrorIs(t, late, context.DeadlineExceeded)
+		_, ok = broker.BlockedReason(&broker.PublishError{Failed: []broker.FailedMessage{{Index: 0, ID: "1", Err: late}}})
+		require.True(t, ok, "found in a PublishError")
+	}
+	for _, other := range []error{kafkago.NotLeaderForPartition, kafkago.RequestTimedOut, context.DeadlineExceeded} {
+		_, ok := broker.BlockedReason(noRoom(other, other))
+		require.False(t, ok, "%v", other)
+	}
+}

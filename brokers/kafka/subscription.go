@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"sync"
@@ -360,8 +361,25 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 		last, suspect = nil, false
 		return true
 	}
+	// Every verifyEvery the log is checked even when nothing looked wrong:
+	// a topic deleted and created again within one fetch's wait gives the
+	// reader no error at all, and it reads on at its offset in the new log.
+	nextCheck := time.Now().Add(verifyEvery)
 	for {
-		m, err := r.FetchMessage(ctx)
+		fctx, fcancel := context.WithDeadline(ctx, nextCheck)
+		m, err := r.FetchMessage(fctx)
+		fcancel()
+		if err != nil && ctx.Err() == nil && fctx.Err() != nil {
+			// Nothing arrived before the check was due.
+			nextCheck = time.Now().Add(verifyEvery)
+			if last != nil {
+				stale, verr := s.idleLogGone(ctx, last)
+				if verr == nil && stale {
+					reset("the log ends before the record last read (topic created again)")
+				}
+			}
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -385,19 +403,23 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 		// at the same offset. If the topic was created again and its new
 		// log already reaches that offset, the records before it would be
 		// passed over unseen: check the log is still the one last came from.
-		if r.Stats().Rebalances > 0 {
+		if st := r.Stats(); st.Rebalances > 0 || st.Errors > 0 {
+			suspect = true
+		}
+		if time.Now().After(nextCheck) {
 			suspect = true
 		}
 		if suspect && last != nil {
 			suspect = false
-			same, verr := s.sameLog(ctx, last)
+			nextCheck = time.Now().Add(verifyEvery)
+			same, verr := s.sameLogRetry(ctx, last)
 			if verr != nil && ctx.Err() != nil {
 				return
 			}
 			if verr != nil {
 				s.b.log.Warn("could not check whether the topic was created again; reading on", "topic", ps.key.topic, "partition", ps.key.partition, "error", verr)
 			} else if !same {
-				reset("the partition went missing and the record last read is no longer in it (topic created again)")
+				reset("the record last read is no longer in the partition's log (topic created again)")
 				continue
 			}
 		}
@@ -442,25 +464,107 @@ func (s *subscription) readWork(ctx context.Context, ps *partState, offset int64
 	}
 }
 
+// verifyEvery is how often a partition being read checks that its log is
+// still the one its last record came from (readWork): the bound on how
+// long a subscription reads a topic deleted and created again without
+// seeing the new log's first records. A check is one ListOffsets while
+// the partition is idle, one Fetch of the batch holding the last record
+// while records flow.
+const verifyEvery = 2 * time.Second
+
+// sameLogRetry is sameLog, tried again every 500 ms for up to 10 s while
+// it fails (a topic deleted and not yet created again, a leader not yet
+// elected): reading on unchecked could pass over the new log's first
+// records. It returns the last error when every try failed.
+func (s *subscription) sameLogRetry(ctx context.Context, last *kafkago.Message) (bool, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		same, err := s.sameLog(ctx, last)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return same, err
+		}
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			return false, ctx.Err()
+		}
+	}
+}
+
+// idleLogGone reports whether last's partition, read to its end with
+// nothing new, now ends before last (its high watermark is at or below
+// last's offset): the topic was deleted and created again with a shorter
+// log, which the reader would wait on forever. It is one ListOffsets.
+func (s *subscription) idleLogGone(ctx context.Context, last *kafkago.Message) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := s.b.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{
+		last.Topic: {kafkago.LastOffsetOf(last.Partition)}}})
+	if err != nil {
+		return false, err
+	}
+	for _, po := range res.Topics[last.Topic] {
+		if po.Error != nil {
+			return false, po.Error
+		}
+		if po.Partition == last.Partition {
+			return po.LastOffset <= last.Offset, nil
+		}
+	}
+	return false, fmt.Errorf("kafka: ListOffsets gave no offset for %s/%d", last.Topic, last.Partition)
+}
+
 // sameLog reports whether the record at last's offset is still last,
 // that is whether last's partition was not deleted and created again
 // since last was read. A record gone (the offset is past the log's end)
-// or another record at that offset means a new log.
+// or another record at that offset means a new log. It is one Fetch (at
+// most one record batch) sent to the partition's leader.
 func (s *subscription) sameLog(ctx context.Context, last *kafkago.Message) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	r := s.newReader(last.Topic, last.Partition, last.Offset)
-	defer r.Close()
-	m, err := r.FetchMessage(ctx)
+	res, err := s.b.client.Fetch(ctx, &kafkago.FetchRequest{
+		Topic: last.Topic, Partition: last.Partition, Offset: last.Offset,
+		MinBytes: 1, MaxBytes: 1, MaxWait: 100 * time.Millisecond})
 	switch {
-	case errors.Is(err, kafkago.OffsetOutOfRange):
-		return false, nil
 	case err != nil:
 		return false, err
+	case errors.Is(res.Error, kafkago.OffsetOutOfRange):
+		return false, nil
+	case res.Error != nil:
+		return false, res.Error
+	case res.HighWatermark <= last.Offset:
+		return false, nil
 	}
-	return m.Offset == last.Offset && m.Time.Equal(last.Time) &&
-		bytes.Equal(m.Key, last.Key) && bytes.Equal(m.Value, last.Value) &&
-		headerOf(m.Headers, hdrID) == headerOf(last.Headers, hdrID), nil
+	for {
+		rec, err := res.Records.ReadRecord()
+		if err != nil {
+			// No record at last's offset in the batch that should hold it.
+			if errors.Is(err, io.EOF) {
+				return false, nil
+			}
+			return false, err
+		}
+		if rec.Offset < last.Offset {
+			continue
+		}
+		if rec.Offset != last.Offset || !rec.Time.Equal(last.Time) {
+			return false, nil
+		}
+		var id string
+		for _, h := range rec.Headers {
+			if h.Key == hdrID {
+				id = string(h.Value)
+				break
+			}
+		}
+		if id != headerOf(last.Headers, hdrID) {
+			return false, nil
+		}
+		key, kerr := kafkago.ReadAll(rec.Key)
+		value, verr := kafkago.ReadAll(rec.Value)
+		if err := errors.Join(kerr, verr); err != nil {
+			return false, err
+		}
+		return bytes.Equal(key, last.Key) && bytes.Equal(value, last.Value), nil
+	}
 }
 
 // headerOf returns the value of the first header named key, "" if none.

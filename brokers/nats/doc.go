@@ -62,7 +62,11 @@
 // 429, JetStream not enabled (10039, 10076), temporarily unavailable
 // (10008, 10006), insufficient or exceeded resources (10023, 10047), the
 // store failing, which includes a stream full under an operator's
-// DiscardNew limit ("maximum messages exceeded", 503, 10077). So are no
+// DiscardNew limit ("maximum messages exceeded", 503, 10077); a full
+// stream (a DiscardNew MaxBytes, MaxMsgs or MaxMsgsPerSubject reached) and
+// exhausted resources (10023, 10047) wrap broker.ErrBlocked with
+// JetStream's description, so the relay reports that it holds its rows
+// for lack of room. So are no
 // responders (the stream is declared again, see below), a lost
 // connection and ctx.
 //

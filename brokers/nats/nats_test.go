@@ -107,6 +107,12 @@ func TestWorkerSuite(t *testing.T) {
 	workertest.RunWorkerSuite(t, newBroker)
 }
 
+// TestBatchKill kills a worker process (SIGKILL) right after a batch's
+// commit and in the middle of a batch; see workertest.RunBatchKillSuite.
+func TestBatchKill(t *testing.T) {
+	workertest.RunBatchKillSuite(t, newBroker)
+}
+
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

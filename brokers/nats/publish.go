@@ -418,6 +418,8 @@ func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 		return fmt.Errorf("%w: nats: publish %s: %v", broker.ErrMessageTooLarge, m.ID, err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
 		return fmt.Errorf("nats: publish %s: %w (stream missing or JetStream not ready): %w", m.ID, errNoStream, err)
+	case errors.As(err, &apiErr) && apiNoRoom(apiErr):
+		return fmt.Errorf("nats: publish %s: %w", m.ID, broker.Blocked(apiErr.Description, err))
 	case errors.As(err, &apiErr) && apiOutage(apiErr):
 		return fmt.Errorf("nats: publish %s: JetStream refused it for its own state, not the message's: %w", m.ID, err)
 	case errors.As(err, &apiErr):
@@ -439,6 +441,24 @@ func (b *natsBroker) publishErr(m *broker.Message, err error) error {
 // leader change; a later publish is confirmed as a duplicate or stored).
 var apiOutageCodes = map[jetstream.ErrorCode]bool{
 	10039: true, 10076: true, 10008: true, 10006: true, 10023: true, 10047: true, 10077: true, 10158: true,
+}
+
+// apiNoRoom reports whether a JetStream API error of a publish says the
+// stream or the server has no room (broker.ErrBlocked): insufficient
+// resources (10023), storage resources exceeded (10047), or a store
+// failure (10077) that is a limit of a stream with DiscardNew: "maximum
+// bytes exceeded", "maximum messages exceeded", "maximum messages per
+// subject exceeded" (nats-server server/errors.json and
+// server/store.go's ErrMaxBytes, ErrMaxMsgs, ErrMaxMsgsPerSubject).
+func apiNoRoom(e *jetstream.APIError) bool {
+	switch e.ErrorCode {
+	case 10023, 10047:
+		return true
+	case 10077:
+		d := strings.ToLower(e.Description)
+		return strings.Contains(d, "maximum") && strings.Contains(d, "exceeded") || strings.Contains(d, "resources exceeded")
+	}
+	return false
 }
 
 // apiOutage reports whether a JetStream API error of a publish is an

@@ -1,6 +1,7 @@
 package nats_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -27,16 +28,10 @@ func TestStreamFullIsOutage(t *testing.T) {
 	tp := topology("full", "evt.full")
 	b := declared(t, tp)
 
-	nc, err := natsgo.Connect(testenv.NATSURL())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	st, err := js.Stream(ctx, nats.StreamName(tp.Exchange))
-	require.NoError(t, err)
+	js, st := streamOf(ctx, t, tp)
 	cfg := st.CachedInfo().Config
 	cfg.MaxMsgs, cfg.Discard = 5, jetstream.DiscardNew
-	_, err = js.UpdateStream(ctx, cfg)
+	_, err := js.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
 
 	var batch []*broker.Message
@@ -51,4 +46,19 @@ func TestStreamFullIsOutage(t *testing.T) {
 	for _, f := range pe.Failed {
 		require.False(t, broker.IsMessageFault(f.Err), "a full stream is not the message's fault: %v", f.Err)
 	}
+}
+
+// streamOf connects to the test NATS server and returns its JetStream
+// context and the stream behind tp's exchange (declared before); the
+// connection closes when the test ends.
+func streamOf(ctx context.Context, t *testing.T, tp broker.Topology) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	nc, err := natsgo.Connect(testenv.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	st, err := js.Stream(ctx, nats.StreamName(tp.Exchange))
+	require.NoError(t, err)
+	return js, st
 }

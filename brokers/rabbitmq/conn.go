@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -29,6 +30,13 @@ type connMgr struct {
 	refused    chan struct{} // closed when refusedErr is set
 	refusedErr error
 
+	// blockedBy is the reason of the connection.blocked the server sent
+	// on conn ("" while it is not blocked); blockedCh is closed when the
+	// connection becomes blocked and replaced when it is unblocked or
+	// replaced (see blocked).
+	blockedBy string
+	blockedCh chan struct{}
+
 	// next is the index in Config.urls() of the node the next dial tries
 	// first; at is the node of the current connection. Only run touches
 	// them.
@@ -36,7 +44,52 @@ type connMgr struct {
 }
 
 func newConnMgr(r *rabbit, role string) *connMgr {
-	return &connMgr{r: r, role: role, ready: make(chan struct{}), refused: make(chan struct{})}
+	return &connMgr{r: r, role: role, ready: make(chan struct{}), refused: make(chan struct{}), blockedCh: make(chan struct{})}
+}
+
+// blocked returns the reason the server gave in connection.blocked for
+// the current connection ("" when it is not blocked), and a channel that
+// is closed when the connection becomes blocked (already closed when it
+// is). RabbitMQ sends connection.blocked when a memory or disk alarm goes
+// off and stops reading from the connection's socket until
+// connection.unblocked (RabbitMQ docs, "Blocked Connection
+// Notifications"): a publish then gets no confirm until the alarm clears.
+func (m *connMgr) blocked() (string, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.blockedBy, m.blockedCh
+}
+
+// setBlocked records a connection.blocked or connection.unblocked of
+// conn; it is ignored when conn is no longer the current connection.
+func (m *connMgr) setBlocked(conn *amqp.Connection, b amqp.Blocking, log *slog.Logger) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn != conn {
+		return
+	}
+	switch {
+	case b.Active && m.blockedBy == "":
+		m.blockedBy = b.Reason
+		if m.blockedBy == "" {
+			m.blockedBy = "connection blocked by the server"
+		}
+		close(m.blockedCh)
+		log.Warn("rabbitmq: connection blocked by the server (resource alarm); publishes fail with broker.ErrBlocked until it clears", "reason", m.blockedBy)
+	case !b.Active && m.blockedBy != "":
+		m.blockedBy = ""
+		m.blockedCh = make(chan struct{})
+		log.Info("rabbitmq: connection unblocked by the server")
+	}
+}
+
+// clearBlocked forgets the blocked state of a connection that is gone; m.mu
+// is held.
+func (m *connMgr) clearBlocked() {
+	if m.blockedBy != "" {
+		m.blockedBy = ""
+		m.blockedCh = make(chan struct{})
+	}
 }
 
 func (m *connMgr) lastError() error {
@@ -185,7 +238,17 @@ func (m *connMgr) run() {
 		failures = 0
 		lost = false
 		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+		// amqp091 hands connection.blocked/unblocked over with a blocking
+		// send from its reader and closes the channel with the
+		// connection: drain it until then.
+		blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+		go func(conn *amqp.Connection) {
+			for b := range blocks {
+				m.setBlocked(conn, b, log)
+			}
+		}(conn)
 		m.mu.Lock()
+		m.clearBlocked()
 		m.conn = conn
 		m.connected = true
 		m.lastErr = nil
@@ -204,6 +267,7 @@ func (m *connMgr) run() {
 			}
 			m.mu.Lock()
 			m.conn = nil
+			m.clearBlocked()
 			m.ready = make(chan struct{})
 			m.mu.Unlock()
 		case <-m.r.closing:

@@ -101,6 +101,19 @@
 // after queue.delete returned, and a queue of the same name declared at
 // once lost messages it had confirmed (seen on 3.10).
 //
+// A memory or disk alarm makes RabbitMQ send connection.blocked to the
+// publishing connection and stop reading from it until
+// connection.unblocked (RabbitMQ docs, "Blocked Connection
+// Notifications", https://www.rabbitmq.com/docs/connection-blocked):
+// a publish would wait for its confirms until the alarm clears. The
+// adapter watches amqp091's Connection.NotifyBlocked: the publishes in
+// flight when the notification comes fail at once, and those that follow
+// fail without being sent, with broker.ErrBlocked and the server's
+// reason (e.g. "low on memory"), until connection.unblocked; a publish
+// whose deadline passed while the connection was blocked wraps it too.
+// Both changes are logged once (WARN, INFO). The consuming connection
+// does not publish and is not blocked.
+//
 // When the server closes a consuming channel (for example
 // PRECONDITION_FAILED because a delivery stayed unacknowledged longer than
 // consumer_timeout), the reason is logged at WARN with what follows: the

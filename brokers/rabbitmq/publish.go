@@ -58,9 +58,13 @@ func (p *pubPool) acquire(ctx context.Context) (*pubChan, error) {
 			p.slots <- nil
 			return nil, err
 		}
-		pc, err = openPubChan(conn)
+		pc, err = p.open(ctx, conn)
 		if err == nil {
 			return pc, nil
+		}
+		if errors.Is(err, broker.ErrBlocked) || errors.Is(err, broker.ErrClosed) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
+			p.slots <- nil
+			return nil, err
 		}
 		if conn.IsClosed() {
 			continue // lost meanwhile: wait for the next connection
@@ -68,6 +72,49 @@ func (p *pubPool) acquire(ctx context.Context) (*pubChan, error) {
 		p.slots <- nil
 		return nil, fmt.Errorf("rabbitmq: open publishing channel: %w", err)
 	}
+}
+
+// open opens a confirm-mode channel on conn within ctx. amqp091's
+// Channel and Confirm wait for the server's answer without a deadline,
+// and a connection blocked by a resource alarm is not read by the server
+// until the alarm clears (it may get connection.blocked only now, on the
+// first write after the alarm): open gives up when ctx ends, the
+// connection is reported blocked (broker.ErrBlocked) or the adapter
+// closes, and a channel that opens later is closed.
+func (p *pubPool) open(ctx context.Context, conn *amqp.Connection) (*pubChan, error) {
+	type opened struct {
+		pc  *pubChan
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		pc, err := openPubChan(conn)
+		done <- opened{pc, err}
+	}()
+	_, blocked := p.r.pubMgr.blocked()
+	var err error
+	select {
+	case o := <-done:
+		return o.pc, o.err
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-blocked:
+		err = broker.ErrBlocked
+	case <-p.r.closing:
+		err = broker.ErrClosed
+	}
+	go func() {
+		if o := <-done; o.pc != nil {
+			p.discard(o.pc)
+		}
+	}()
+	if reason, _ := p.r.pubMgr.blocked(); reason != "" && !errors.Is(err, broker.ErrClosed) {
+		if err == broker.ErrBlocked {
+			err = nil
+		}
+		return nil, broker.Blocked(reason, err)
+	}
+	return nil, err
 }
 
 func openPubChan(conn *amqp.Connection) (*pubChan, error) {
@@ -125,6 +172,12 @@ func (r *rabbit) publishConfirmed(ctx context.Context, items []outgoing) ([]erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// A blocked connection is not read by the server: nothing sent now
+	// would be confirmed before the alarm clears.
+	reason, blocked := r.pubMgr.blocked()
+	if reason != "" {
+		return nil, broker.Blocked(reason, nil)
+	}
 	pc, err := r.pool.acquire(ctx)
 	if err != nil {
 		return nil, r.closedErr(err)
@@ -139,23 +192,35 @@ func (r *rabbit) publishConfirmed(ctx context.Context, items []outgoing) ([]erro
 		r.pool.release(pc, healthy)
 		done <- result{errs, healthy}
 	}()
+	var fail error
 	select {
 	case res := <-done:
 		return res.errs, nil
 	case <-ctx.Done():
-		// The sending goroutine is stuck in a write; it releases (and
-		// discards) the channel when the write ends.
-		select {
-		case res := <-done:
-			return res.errs, nil
-		case <-time.After(50 * time.Millisecond):
-		}
-		errs := make([]error, len(items))
-		for i := range errs {
-			errs[i] = r.closedErr(ctx.Err())
-		}
-		return errs, nil
+		fail = r.closedErr(ctx.Err())
+	case <-blocked:
+		// A resource alarm: the confirms (or the write) wait for it to
+		// clear, which may take hours. Give up now, as for a deadline;
+		// the caller's cancel of ctx ends the sending goroutine.
+		reason, _ := r.pubMgr.blocked()
+		fail = broker.Blocked(reason, nil)
 	}
+	// The sending goroutine is stuck in a write or a confirm wait; it
+	// releases (and discards) the channel when ctx ends.
+	select {
+	case res := <-done:
+		return res.errs, nil
+	case <-time.After(50 * time.Millisecond):
+	}
+	if reason, _ := r.pubMgr.blocked(); reason != "" && !errors.Is(fail, broker.ErrClosed) {
+		// The deadline passed while the server was not reading: say why.
+		fail = broker.Blocked(reason, fail)
+	}
+	errs := make([]error, len(items))
+	for i := range errs {
+		errs[i] = fail
+	}
+	return errs, nil
 }
 
 // publishHealing is publishConfirmed, plus the repair of a topology that

@@ -28,7 +28,7 @@ func TestBufferedMessageReceivedAgain(t *testing.T) {
 	require.Eventually(t, func() bool { return len(sqs.BufferedReceipts(sub)) == len(ids) }, 20*time.Second, 50*time.Millisecond,
 		"the subscription buffers the published messages")
 
-	old, err := sqs.LapseBuffered(ctxFor(t, 10*time.Second), sub)
+	old, err := sqs.LapseBuffered(ctxFor(t, 30*time.Second), sub)
 	require.NoError(t, err)
 	require.Len(t, old, len(ids))
 	var now []string

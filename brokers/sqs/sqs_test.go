@@ -186,6 +186,12 @@ func TestWorkerSuite(t *testing.T) {
 	workertest.RunWorkerSuite(t, newBroker)
 }
 
+// TestBatchKill kills a worker process (SIGKILL) right after a batch's
+// commit and in the middle of a batch; see workertest.RunBatchKillSuite.
+func TestBatchKill(t *testing.T) {
+	workertest.RunBatchKillSuite(t, newBroker)
+}
+
 // TestWorkerSuiteMoto runs the worker suite on moto, with make test-long
 // (FERRY_SQS_MOTO_WORKER_SUITE=1): about 2 minutes, twice the suite on
 // ElasticMQ, for no behaviour of the adapter the conformance suite on moto

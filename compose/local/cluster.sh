@@ -16,6 +16,8 @@
 #   services.sh node ROLE N kill|pause|resume|stop|start|pid
 #                     one node (1..3; postgres-ha: 1 primary, 2 standby):
 #                     kill = SIGKILL, pause = SIGSTOP, resume = SIGCONT
+#   services.sh run-node ROLE N DIR ADDRS   run one node in the foreground
+#                     (for the partition tests, in a namespace; see run_node)
 #   services.sh promote postgres-ha   promote the standby (pg_ctl promote)
 #                     and clear synchronous_standby_names on it, since
 #                     there is no standby left to wait for
@@ -190,25 +192,37 @@ ports_rabbitmq_cluster() {
 	done
 }
 
-start_node_rabbitmq_cluster() {
-	local n=$1 d=$CL/rabbitmq-cluster/n$1
-	[ -x "$RMQ_BIN/rabbitmq-server" ] || die "rabbitmq-cluster: RabbitMQ is not installed (run: $0 up rabbitmq)"
-	[ -z "$(node_pid rabbitmq-cluster "$n")" ] || return 0
+# rmq_cl_conf DIR IP AMQP HTTP [TICK]: write a cluster node's rabbitmq.conf,
+# enabled_plugins and rabbitmq-env.conf into DIR (and make its mnesia and
+# logdir), AMQP and management listening on IP, net_ticktime TICK seconds
+# (default 10). start_node_rabbitmq_cluster
+# (loopback) and run-node (a namespace each, for the partition tests)
+# share it.
+rmq_cl_conf() {
+	local d=$1 ip=$2 amqp=$3 http=$4 tick=${5:-10}
 	mkdir -p "$d/mnesia" "$d/logdir"
 	: >"$d/rabbitmq-env.conf"
 	echo '[rabbitmq_management].' >"$d/enabled_plugins"
 	cat >"$d/rabbitmq.conf" <<EOF
 # written by compose/local/cluster.sh on each start
-listeners.tcp.1 = 127.0.0.1:$(cport rabbitmq-cluster "$n" amqp)
-management.tcp.ip = 127.0.0.1
-management.tcp.port = $(cport rabbitmq-cluster "$n" http)
+listeners.tcp.1 = $ip:$amqp
+management.tcp.ip = $ip
+management.tcp.port = $http
 # A node that is cut off from the majority pauses (stops serving clients)
 # instead of going on alone: https://www.rabbitmq.com/docs/partitions
 cluster_partition_handling = pause_minority
-# Failure detection: a node silent for about 10 s (net_ticktime) is down
-# (https://www.rabbitmq.com/docs/nettick); the default 60 s is for WANs.
-net_ticktime = 10
+# Failure detection: a node silent for about net_ticktime (to 1.4 times
+# it) is down (https://www.rabbitmq.com/docs/nettick); the default 60 s is
+# for WANs.
+net_ticktime = $tick
 EOF
+}
+
+start_node_rabbitmq_cluster() {
+	local n=$1 d=$CL/rabbitmq-cluster/n$1
+	[ -x "$RMQ_BIN/rabbitmq-server" ] || die "rabbitmq-cluster: RabbitMQ is not installed (run: $0 up rabbitmq)"
+	[ -z "$(node_pid rabbitmq-cluster "$n")" ] || return 0
+	rmq_cl_conf "$d" 127.0.0.1 "$(cport rabbitmq-cluster "$n" amqp)" "$(cport rabbitmq-cluster "$n" http)"
 	command -v epmd >/dev/null && bash -c "$CLOSE_FDS"'exec epmd -daemon' </dev/null >/dev/null 2>&1 || true
 	say "rabbitmq-cluster: starting node $(rmq_cl_node "$n") on 127.0.0.1:$(cport rabbitmq-cluster "$n" amqp)"
 	(rmq_cl_env "$n" && spawn rabbitmq-cluster "$d/wrapper.pid" "$d/out" "$RMQ_BIN/rabbitmq-server")
@@ -266,19 +280,23 @@ kafka_cl_ready() {
 	tcp_ok "$(cport kafka-cluster "$1" broker)" && grep -q 'Kafka Server started' "$CL/kafka-cluster/n$1/current.log" 2>/dev/null
 }
 
-start_node_kafka_cluster() {
-	local n=$1 d=$CL/kafka-cluster/n$1 voters="" m
-	kafka_jars
-	[ -z "$(node_pid kafka-cluster "$n")" ] || return 0
-	for m in "${NODES[@]}"; do voters="$voters${voters:+,}$m@127.0.0.1:$(cport kafka-cluster "$m" controller)"; done
+# kafka_cl_conf N DIR VOTERS HOST PORT CTLPORT: write broker N's
+# server.properties and log4j.properties into DIR (data in DIR/data),
+# listening on HOST:PORT (clients, brokers) and HOST:CTLPORT (KRaft);
+# VOTERS is controller.quorum.voters. Then format DIR/data once, with the
+# cluster id in DIR/../cluster-id (made by the first node that needs it).
+# start_node_kafka_cluster (loopback) and run-node (a namespace each, for
+# the partition tests) share it.
+kafka_cl_conf() {
+	local n=$1 d=$2 voters=$3 host=$4 port=$5 ctl=$6 idf
 	mkdir -p "$d/data"
 	cat >"$d/server.properties" <<EOF
 # written by compose/local/cluster.sh on each start
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$(cport kafka-cluster "$n" broker),CONTROLLER://127.0.0.1:$(cport kafka-cluster "$n" controller)
-advertised.listeners=PLAINTEXT://127.0.0.1:$(cport kafka-cluster "$n" broker)
+listeners=PLAINTEXT://$host:$port,CONTROLLER://$host:$ctl
+advertised.listeners=PLAINTEXT://$host:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
@@ -313,12 +331,26 @@ log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.log.LogCleaner=WARN
 EOF
 	if [ ! -f "$d/data/meta.properties" ]; then
-		mkdir -p "$CL/kafka-cluster"
-		[ -s "$CL/kafka-cluster/cluster-id" ] || head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22 >"$CL/kafka-cluster/cluster-id"
+		idf=$(dirname "$d")/cluster-id
+		if [ ! -s "$idf" ]; then
+			# ln fails when another node made it first: one id for all.
+			head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22 >"$idf.$$"
+			ln "$idf.$$" "$idf" 2>/dev/null || true
+			rm -f "$idf.$$"
+		fi
 		java -Dlog4j.configuration="file:$d/log4j.properties" -cp "$KAFKA_LIB/*" kafka.tools.StorageTool format \
-			-t "$(cat "$CL/kafka-cluster/cluster-id")" -c "$d/server.properties" </dev/null >"$d/format.log" 2>&1 ||
+			-t "$(cat "$idf")" -c "$d/server.properties" </dev/null >"$d/format.log" 2>&1 ||
 			fail_start "kafka-cluster node $n" "$d/format.log" "kafka.tools.StorageTool format failed"
 	fi
+}
+
+start_node_kafka_cluster() {
+	local n=$1 d=$CL/kafka-cluster/n$1 voters="" m
+	kafka_jars
+	[ -z "$(node_pid kafka-cluster "$n")" ] || return 0
+	for m in "${NODES[@]}"; do voters="$voters${voters:+,}$m@127.0.0.1:$(cport kafka-cluster "$m" controller)"; done
+	mkdir -p "$CL/kafka-cluster"
+	kafka_cl_conf "$n" "$d" "$voters" 127.0.0.1 "$(cport kafka-cluster "$n" broker)" "$(cport kafka-cluster "$n" controller)"
 	: >"$d/current.log"
 	say "kafka-cluster: starting broker $n on 127.0.0.1:$(cport kafka-cluster "$n" broker)"
 	# shellcheck disable=SC2086
@@ -390,12 +422,15 @@ start_node_postgres_ha() {
 # ferry (compose/local/cluster.sh): a primary with one synchronous standby.
 # A commit returns once the standby has flushed its WAL
 # (https://www.postgresql.org/docs/15/warm-standby.html#SYNCHRONOUS-REPLICATION),
-# so a promoted standby has every committed outbox row.
+# so a promoted standby has every committed outbox row. wal_level = logical
+# for the WAL relay (outbox/wal.go; its slot is not replicated, so after a
+# promote it creates a new one on the new primary: TestFailoverPostgresWAL).
 listen_addresses = '127.0.0.1'
 max_connections = 200
 shared_buffers = 128MB
-wal_level = replica
-max_wal_senders = 5
+wal_level = logical
+max_replication_slots = 10
+max_wal_senders = 10
 wal_keep_size = 256MB
 hot_standby = on
 synchronous_commit = on
@@ -420,7 +455,7 @@ EOF
 		pgha_psql 1 -c "SET synchronous_commit = local" -c "DO \$\$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ferry') THEN CREATE ROLE ferry LOGIN CREATEDB PASSWORD '$CHECKOUT'; END IF;
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'replicator') THEN CREATE ROLE replicator LOGIN REPLICATION PASSWORD '$CHECKOUT'; END IF;
-END \$\$;" -c "ALTER ROLE ferry SET ferry.checkout = '$CHECKOUT'" >/dev/null || die "postgres-ha: could not create roles"
+END \$\$;" -c "ALTER ROLE ferry REPLICATION" -c "ALTER ROLE ferry SET ferry.checkout = '$CHECKOUT'" >/dev/null || die "postgres-ha: could not create roles"
 		if [ "$(pgha_psql 1 -tAc "SELECT 1 FROM pg_database WHERE datname = 'ferry'")" != 1 ]; then
 			pgha_psql 1 -c "SET synchronous_commit = local" -c "CREATE DATABASE ferry OWNER ferry" >/dev/null || die "postgres-ha: could not create database ferry"
 		fi
@@ -513,6 +548,66 @@ status_role() {
 	done
 }
 
+# run_node ROLE N DIR ADDRS: run node N (1..3) of ROLE in the foreground
+# (exec: the caller's process becomes the server) with its data and
+# configuration in DIR, listening on the Nth address of ADDRS (a comma
+# list of the nodes' IPv4 addresses, in node order) on the role's default
+# ports. For the partition tests (internal/cluster), which start each node
+# in a network namespace of its own (so the ports need not differ); no
+# state of `up` is used or changed.
+run_node() {
+	local role=${1:-} n=${2:-} d=${3:-} addrs=${4:-} ips m voters=""
+	[ -n "$n" ] && [ -n "$d" ] && [ -n "$addrs" ] || die "run-node: want ROLE N DIR ADDRS"
+	IFS=, read -r -a ips <<<"$addrs"
+	[ "$n" -ge 1 ] && [ "$n" -le ${#ips[@]} ] || die "run-node: node $n of ${#ips[@]} addresses"
+	local ip=${ips[$((n - 1))]}
+	mkdir -p "$d"
+	case $role in
+	kafka-cluster)
+		kafka_jars
+		for m in "${!ips[@]}"; do voters="$voters${voters:+,}$((m + 1))@${ips[$m]}:9093"; done
+		kafka_cl_conf "$n" "$d" "$voters" "$ip" 9092 9093
+		# shellcheck disable=SC2086
+		exec java $KAFKA_CLUSTER_HEAP -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+			-Djava.awt.headless=true -Dlog4j.configuration="file:$d/log4j.properties" \
+			-cp "$KAFKA_LIB/*" kafka.Kafka "$d/server.properties"
+		;;
+	rabbitmq-cluster)
+		# Node names rabbit@IP (long names), one epmd per namespace (erl
+		# starts it), distribution on 25672 of the node's address. The
+		# nodes form the cluster by themselves, booting at once
+		# (classic_config peer discovery, which takes a global lock, so
+		# that one node forms the cluster and the others join it). The user
+		# ferry (password ferry, administrator) is made on the first boot.
+		# net_ticktime is 4 s, not 10: a cut node is found down (and, with
+		# pause_minority, pauses) within 4-6 s, so that a test's cut need
+		# not last 16 s.
+		local peers="" dist=${ip//./,}
+		for m in "${!ips[@]}"; do peers="${peers}cluster_formation.classic_config.nodes.$((m + 1)) = rabbit@${ips[$m]}"$'\n'; done
+		rmq_cl_conf "$d" "$ip" 5672 15672 4
+		cat >>"$d/rabbitmq.conf" <<EOF
+cluster_formation.peer_discovery_backend = classic_config
+$peers
+default_user = ferry
+default_pass = ferry
+default_user_tags.administrator = true
+default_permissions.configure = .*
+default_permissions.read = .*
+default_permissions.write = .*
+EOF
+		export RABBITMQ_NODENAME=rabbit@$ip RABBITMQ_USE_LONGNAME=true
+		export RABBITMQ_CONF_ENV_FILE=$d/rabbitmq-env.conf RABBITMQ_CONFIG_FILE=$d/rabbitmq.conf
+		export RABBITMQ_ADVANCED_CONFIG_FILE=$d/advanced.config RABBITMQ_ENABLED_PLUGINS_FILE=$d/enabled_plugins
+		export RABBITMQ_MNESIA_BASE=$d/mnesia RABBITMQ_LOG_BASE=$d/logdir RABBITMQ_LOGS=- RABBITMQ_PID_FILE=$d/rabbit.pid
+		export RABBITMQ_DIST_PORT=25672
+		# No busy-waiting schedulers: three VMs share a small machine.
+		export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {$dist} +sbwt none +sbwtdcpu none +sbwtdio none"
+		exec "$RMQ_BIN/rabbitmq-server"
+		;;
+	*) die "run-node: no role '$role' (kafka-cluster, rabbitmq-cluster)" ;;
+	esac
+}
+
 cluster_main() {
 	local cmd=$1
 	shift
@@ -545,6 +640,9 @@ cluster_main() {
 		*) die "node: want kill, pause, resume, stop, start or pid" ;;
 		esac
 		return 0
+		;;
+	run-node)
+		run_node "$@"
 		;;
 	promote)
 		[ "${1:-}" = postgres-ha ] || die "promote: only postgres-ha"

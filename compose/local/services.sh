@@ -16,6 +16,13 @@
 #   compose/local/services.sh rabbitmqctl ARGS  rabbitmqctl against our node
 #   compose/local/services.sh node ROLE N kill|pause|resume|stop|start|pid
 #   compose/local/services.sh promote postgres-ha
+#   compose/local/services.sh run-node kafka-cluster|rabbitmq-cluster N DIR ADDRS
+#                     run node N of a cluster role in the foreground, its
+#                     data in DIR, on the Nth address of ADDRS (for the
+#                     partition tests, one network namespace per node)
+#   compose/local/services.sh netns   install what the partition tests
+#                     (internal/netpart) need: nftables; print the tools'
+#                     paths as export lines (FERRY_NFT, FERRY_NATS_SERVER)
 #
 # NAME is one of: postgres rabbitmq smtp nats kafka sqs moto (none = all).
 # The cluster roles rabbitmq-cluster kafka-cluster nats-cluster postgres-ha
@@ -357,6 +364,7 @@ ensure_packages() {
 			command -v mvn >/dev/null || pkgs+=(maven)
 			;;
 		moto) python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv) ;;
+		netns) command -v nft >/dev/null || pkgs+=(nftables) ;;
 		esac
 	done
 	[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
@@ -1268,6 +1276,13 @@ shift
 case " $cmd $* " in
 *" node "* | *" promote "* | *-cluster* | *" postgres-ha "*) exec bash "$HERE/cluster.sh" "$cmd" "$@" ;;
 esac
+if [ "$cmd" = netns ]; then
+	lock
+	ensure_packages netns
+	echo "export FERRY_NFT=$(command -v nft)"
+	echo "export FERRY_NATS_SERVER=$(go_tool nats-server "$NATS_MODULE" "$NATS_VERSION")"
+	exit 0
+fi
 if [ "$cmd" = rabbitmqctl ]; then
 	rmq_env
 	exec "$RMQ_BIN/rabbitmqctl" "$@"

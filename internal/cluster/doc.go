@@ -22,10 +22,17 @@
 // dedup absorbed and the time from the fault to the first event handled
 // after it.
 //
-// A real network partition needs network namespaces or packet filters,
-// which this machine's tests cannot use; SIGSTOP is the nearest real
-// thing: the paused node keeps its sockets open and answers nothing, as a
-// node behind a partition does, and the others elect a new leader.
+// SIGSTOP is the nearest thing to a partition that needs no privileges:
+// the paused node keeps its sockets open and answers nothing, and the
+// others elect a new leader. The partition tests (partition_test.go) cut
+// the network itself: each node runs in a network namespace of its own
+// (package netpart, root and nftables needed; `services.sh netns`
+// installs nftables), and nftables rules there drop the packets between
+// the leader and the others while the relay still publishes to it. The
+// NATS test starts nats-server there itself; the Kafka and RabbitMQ
+// tests start each node with `services.sh run-node ROLE N DIR ADDRS`,
+// the configuration of the kafka-cluster and rabbitmq-cluster roles on
+// the node's address.
 //
 // FERRY_CLUSTER_PHASE (a Go duration, default 2s) is how long the load runs
 // before and after each fault; `make test-cluster` runs longer phases.

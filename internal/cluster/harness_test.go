@@ -109,6 +109,9 @@ type rig struct {
 	redelivered atomic.Int64 // deliveries with Attempt > 1
 	handled     atomic.Int64
 	dead        atomic.Int64 // deliveries dead-lettered
+
+	wal         bool        // the relay runs in WAL mode: it deletes the rows it published
+	publishedAt []time.Time // (under mu) when each relay batch that published rows was confirmed
 }
 
 const effectsSQL = `CREATE TABLE IF NOT EXISTS effects (
@@ -119,8 +122,21 @@ const effectsSQL = `CREATE TABLE IF NOT EXISTS effects (
 
 // newRig migrates pool's database and starts a relay and a worker, each on
 // its own adapter from open, with a topology of its own, until the test
-// ends. ordered asks the worker for per-key order.
-func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log *slog.Logger) (broker.Broker, error), ordered bool) *rig {
+// ends. ordered asks the worker for per-key order; relayOpts change the
+// relay's configuration (its Mode: in WAL mode the slot is created before
+// the relay starts).
+func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log *slog.Logger) (broker.Broker, error), ordered bool, relayOpts ...func(*outbox.RelayConfig)) *rig {
+	t.Helper()
+	return newRigSplit(t, pool, func(ctx context.Context, log *slog.Logger, _ broker.Topology) (broker.Broker, error) {
+		return open(ctx, log)
+	}, open, ordered, relayOpts...)
+}
+
+// newRigSplit is newRig with the relay's adapter from openRelay, which
+// gets the rig's topology (to connect to the node that leads it, say),
+// and the worker's from openWorker.
+func newRigSplit(t *testing.T, pool *pgxpool.Pool, openRelay func(ctx context.Context, log *slog.Logger, tp broker.Topology) (broker.Broker, error),
+	openWorker func(ctx context.Context, log *slog.Logger) (broker.Broker, error), ordered bool, relayOpts ...func(*outbox.RelayConfig)) *rig {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -137,14 +153,29 @@ func newRig(t *testing.T, pool *pgxpool.Pool, open func(ctx context.Context, log
 	})
 	log := slog.New(slog.NewTextHandler(rg.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
-	relayB, err := open(ctx, log)
+	relayB, err := openRelay(ctx, log, rg.topo)
 	require.NoError(t, err, "open the relay's adapter")
 	t.Cleanup(func() { relayB.Close() })
 	require.NoError(t, relayB.Declare(ctx, rg.topo))
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Broker: relayB, Retention: -1, Logger: log})
+	rcfg := outbox.RelayConfig{Pool: pool, Broker: relayB, Retention: -1, Logger: log,
+		OnBatch: func(s outbox.BatchStats) {
+			if s.Published > 0 {
+				rg.mu.Lock()
+				rg.publishedAt = append(rg.publishedAt, time.Now())
+				rg.mu.Unlock()
+			}
+		}}
+	for _, o := range relayOpts {
+		o(&rcfg)
+	}
+	relay, err := outbox.NewRelay(rcfg)
 	require.NoError(t, err)
+	if rcfg.Mode == outbox.RelayModeWAL {
+		rg.wal = true
+		require.NoError(t, relay.EnsureSlot(ctx))
+	}
 
-	workB, err := open(ctx, log)
+	workB, err := openWorker(ctx, log)
 	require.NoError(t, err, "open the worker's adapter")
 	t.Cleanup(func() { workB.Close() })
 	require.NoError(t, workB.Declare(ctx, rg.topo))
@@ -297,7 +328,21 @@ func (rg *rig) run(fault func(mark func())) result {
 		res.Recovery = first.Sub(faultAt)
 	}
 	var published *time.Time
-	require.NoError(t, rg.pool.QueryRow(bg, `SELECT min(processed_at) FROM outbox WHERE (convert_from(payload, 'UTF8')::json->>'Seq')::bigint > $1`, seqAtFault).Scan(&published))
+	if rg.wal {
+		// The WAL relay deletes what it published: the first batch the
+		// broker confirmed after the fault (events from before it, handed
+		// over or streamed, count too: the relay publishes again).
+		rg.mu.Lock()
+		for _, at := range rg.publishedAt {
+			if at.After(faultAt) {
+				published = &at
+				break
+			}
+		}
+		rg.mu.Unlock()
+	} else {
+		require.NoError(t, rg.pool.QueryRow(bg, `SELECT min(processed_at) FROM outbox WHERE (convert_from(payload, 'UTF8')::json->>'Seq')::bigint > $1`, seqAtFault).Scan(&published))
+	}
 	if published != nil {
 		res.PublishRecovery = published.Sub(faultAt)
 	}

@@ -147,7 +147,7 @@ func (n Nodes) askUntil(ctx context.Context, ask func(ctx context.Context, try i
 }
 
 // kafkaLeader: the broker that leads partition 0 of topic, matched to a
-// node by its advertised port.
+// node by its advertised host:port (exactly as in URLs).
 func (n Nodes) kafkaLeader(ctx context.Context, try int, topic string) (int, error) {
 	var d kafkago.Dialer
 	conn, err := d.DialContext(ctx, "tcp", n.URLs[try%len(n.URLs)])
@@ -166,8 +166,11 @@ func (n Nodes) kafkaLeader(ctx context.Context, try int, topic string) (int, err
 		if p.ID != 0 {
 			continue
 		}
+		// The exact host:port: the partition tests' brokers share a port
+		// on addresses of their own.
+		leader := net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
 		for i, b := range n.URLs {
-			if strings.HasSuffix(b, ":"+strconv.Itoa(p.Leader.Port)) {
+			if b == leader {
 				return i + 1, nil
 			}
 		}

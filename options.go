@@ -90,5 +90,11 @@ func describeOptions(o worker.TypeOptions) string {
 	if o.Timeout > 0 {
 		s = append(s, fmt.Sprintf("WithTimeout(%v)", o.Timeout))
 	}
+	if o.Concurrency != nil {
+		s = append(s, fmt.Sprintf("WithConcurrency(%d)", o.Concurrency.Limit))
+	}
+	if o.Rate != nil {
+		s = append(s, fmt.Sprintf("WithRateLimit(%v, %d)", o.Rate.Rate, o.Rate.Burst))
+	}
 	return strings.Join(s, ", ")
 }

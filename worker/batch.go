@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,7 +23,7 @@ import (
 // message's savepoint is set in the same round trip.
 const (
 	batchDedupSQL      = `INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
-	batchAttemptsSQL   = `SELECT message_id, attempts, dead, last_error FROM worker_attempts WHERE consumer = $1 AND message_id = ANY($2::text[])`
+	batchAttemptsSQL   = `SELECT message_id, attempts, dead, last_error, snoozes FROM worker_attempts WHERE consumer = $1 AND message_id = ANY($2::text[])`
 	batchUndedupSQL    = `DELETE FROM processed_messages WHERE consumer = $1 AND message_id = $2`
 	batchSavepoint     = `SAVEPOINT ferry_worker_msg`
 	batchNextSavepoint = `RELEASE SAVEPOINT ferry_worker_msg; SAVEPOINT ferry_worker_msg`
@@ -192,12 +193,16 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	tx, inserted, err := w.insertDedup(ctx, ids)
+	insert := w.insertDedup
+	if w.cfg.SQLHandler != nil {
+		insert = w.insertDedupSQL
+	}
+	tx, inserted, err := insert(ctx, ids)
 	abandoned := false
 	if tx != nil {
 		defer func() {
 			if !abandoned { // else the abandoned handler's goroutine owns tx
-				w.rollback(ctx, tx) // after Commit: a no-op
+				tx.rollback(ctx) // after the commit: a no-op
 			}
 		}()
 	}
@@ -208,7 +213,7 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 	// goes (before any savepoint), and it is dead-lettered after the commit.
 	for id, rec := range inserted {
 		if rec.dead {
-			if _, err := tx.Exec(ctx, batchUndedupSQL, w.cfg.Consumer, id); err != nil {
+			if err := tx.exec(ctx, batchUndedupSQL, w.cfg.Consumer, id); err != nil {
 				return w.batchErr(ctx, "delete the dedup row of a dead message", err)
 			}
 		}
@@ -230,11 +235,11 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 		if savepoint {
 			sql = batchNextSavepoint
 		}
-		if _, err := tx.Exec(ctx, sql); err != nil {
+		if err := tx.exec(ctx, sql); err != nil {
 			return w.batchErr(ctx, "savepoint", err)
 		}
 		savepoint = true
-		ab, err := w.callHandler(ctx, tx, it.msg, func() { w.rollback(ctx, tx) })
+		ab, err := tx.handle(ctx, it.msg)
 		if ab != nil {
 			// As in process: record, then roll the whole batch back by
 			// closing its connection; the others are handled alone.
@@ -253,25 +258,152 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 			}
 			// Undo the handler's writes and the message's dedup row, so
 			// the retry is handled like a first delivery.
-			if _, err := tx.Exec(ctx, batchRollbackTo); err != nil {
+			if err := tx.exec(ctx, batchRollbackTo); err != nil {
 				return w.batchErr(ctx, "roll back to savepoint", err)
 			}
-			if _, err := tx.Exec(ctx, batchUndedupSQL, w.cfg.Consumer, it.msg.ID); err != nil {
+			if err := tx.exec(ctx, batchUndedupSQL, w.cfg.Consumer, it.msg.ID); err != nil {
 				return w.batchErr(ctx, "delete the dedup row of a failed message", err)
 			}
 			continue
 		}
-		if rec.attempts > 0 {
-			if _, err := tx.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, it.msg.ID); err != nil {
+		if rec.attempts > 0 || rec.snoozes > 0 {
+			if err := tx.exec(ctx, clearAttemptsSQL, w.cfg.Consumer, it.msg.ID); err != nil {
 				return w.batchErr(ctx, "delete the attempt record of a message handled", err)
 			}
 		}
 		it.state = batchDone
 	}
-	if err := commit(ctx, tx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return w.batchErr(ctx, "commit", err)
 	}
 	return nil
+}
+
+// batchTx is the transaction of a batch: a pgx.Tx for Config.Handler, a
+// *sql.Tx for Config.SQLHandler.
+type batchTx interface {
+	// exec runs one statement (or several, without args).
+	exec(ctx context.Context, sql string, args ...any) error
+	// handle calls the handler for msg in the transaction; a non-nil
+	// abandonment means it overran its timeout (pgx only).
+	handle(ctx context.Context, msg *broker.Message) (*abandonment, error)
+	commit(ctx context.Context) error
+	// rollback rolls back; after commit, a no-op.
+	rollback(ctx context.Context)
+}
+
+// pgxBatchTx is batchTx for Config.Handler.
+type pgxBatchTx struct {
+	w  *Worker
+	tx pgx.Tx
+}
+
+func (t pgxBatchTx) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := t.tx.Exec(ctx, sql, args...)
+	return err
+}
+
+func (t pgxBatchTx) handle(ctx context.Context, msg *broker.Message) (*abandonment, error) {
+	return t.w.callHandler(ctx, t.tx, msg, func() { t.w.rollback(ctx, t.tx) })
+}
+
+func (t pgxBatchTx) commit(ctx context.Context) error { return commit(ctx, t.tx) }
+func (t pgxBatchTx) rollback(ctx context.Context)     { t.w.rollback(ctx, t.tx) }
+
+// sqlBatchTx is batchTx for Config.SQLHandler: savepoints work on a
+// *sql.Tx as on a pgx.Tx (they are plain statements); a handler that
+// overruns HandlerTimeout is not abandoned (as in processSQL).
+type sqlBatchTx struct {
+	w  *Worker
+	tx *sql.Tx
+}
+
+func (t sqlBatchTx) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, sql, args...)
+	return err
+}
+
+func (t sqlBatchTx) handle(ctx context.Context, msg *broker.Message) (*abandonment, error) {
+	return nil, t.w.callSQLHandler(ctx, t.tx, msg)
+}
+
+func (t sqlBatchTx) commit(context.Context) error { return t.tx.Commit() }
+
+func (t sqlBatchTx) rollback(context.Context) {
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		t.w.log.Warn("worker: rollback", "err", err)
+	}
+}
+
+// insertDedupSQL is insertDedup for Config.SQLHandler, on a database/sql
+// transaction (BEGIN, the insert and the read are three round trips). The
+// transaction lives on a ctx the shutdown does not cancel, as in
+// processSQL; tx is nil only when BEGIN failed.
+func (w *Worker) insertDedupSQL(ctx context.Context, ids []string) (batchTx, map[string]attemptRecord, error) {
+	stx, err := w.sqlDB.BeginTx(context.WithoutCancel(ctx), nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, fmt.Errorf("%w: begin transaction: %w", errDatabase, err)
+	}
+	tx := sqlBatchTx{w: w, tx: stx}
+	inserted := make(map[string]attemptRecord, len(ids))
+	err = func() error {
+		rows, err := stx.QueryContext(ctx, batchDedupSQL, w.cfg.Consumer, ids)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			inserted[id] = attemptRecord{}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = stx.QueryContext(ctx, batchAttemptsSQL, w.cfg.Consumer, ids)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var (
+				id  string
+				rec attemptRecord
+			)
+			if err := rows.Scan(&id, &rec.attempts, &rec.dead, &rec.lastError, &rec.snoozes); err != nil {
+				rows.Close()
+				return err
+			}
+			if _, ok := inserted[id]; ok {
+				inserted[id] = rec
+			}
+		}
+		return rows.Err()
+	}()
+	if err != nil {
+		return tx, nil, w.dedupErr(ctx, err)
+	}
+	return tx, inserted, nil
+}
+
+// dedupErr classifies a failure of a batch's dedup insert or attempt
+// read: ctx's error, errBatch for a data exception (some message ID is
+// unusable; alone, that message is dead-lettered and the others
+// handled), else errDatabase.
+func (w *Worker) dedupErr(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
+		return fmt.Errorf("%w: insert into %s: %w", errBatch, DedupTable, err)
+	default:
+		return fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
+	}
 }
 
 // insertDedup opens the batch's transaction and inserts (Consumer, id) for
@@ -280,13 +412,16 @@ func (w *Worker) processBatch(ctx context.Context, items []*batchItem) error {
 // read of the records (a second statement, for the reason given at
 // attemptSQL) go in one round trip (pgx.Batch.BeginTx). tx is nil only
 // when no connection was acquired; the caller rolls it back on error.
-func (w *Worker) insertDedup(ctx context.Context, ids []string) (tx pgx.Tx, _ map[string]attemptRecord, err error) {
+func (w *Worker) insertDedup(ctx context.Context, ids []string) (_ batchTx, _ map[string]attemptRecord, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchDedupSQL, w.cfg.Consumer, ids)
 	b.Queue(batchAttemptsSQL, w.cfg.Consumer, ids)
 	br := w.cfg.Pool.SendBatch(ctx, b)
-	tx = br.Tx()
+	var tx batchTx
+	if ptx := br.Tx(); ptx != nil {
+		tx = pgxBatchTx{w: w, tx: ptx}
+	}
 	inserted := make(map[string]attemptRecord, len(ids))
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -306,7 +441,7 @@ func (w *Worker) insertDedup(ctx context.Context, ids []string) (tx pgx.Tx, _ ma
 			rec attemptRecord
 		)
 		rows, _ = br.Query()
-		_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.dead, &rec.lastError}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.dead, &rec.lastError, &rec.snoozes}, func() error {
 			if _, ok := inserted[id]; ok {
 				inserted[id] = rec
 			}
@@ -317,17 +452,7 @@ func (w *Worker) insertDedup(ctx context.Context, ids []string) (tx pgx.Tx, _ ma
 		err = cerr
 	}
 	if err != nil {
-		var pgErr *pgconn.PgError
-		switch {
-		case ctx.Err() != nil:
-			return tx, nil, ctx.Err()
-		case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
-			// Data exception: some message ID is unusable; alone, that
-			// message is dead-lettered and the others handled.
-			return tx, nil, fmt.Errorf("%w: insert into %s: %w", errBatch, DedupTable, err)
-		default:
-			return tx, nil, fmt.Errorf("%w: insert into %s: %w", errDatabase, DedupTable, err)
-		}
+		return tx, nil, w.dedupErr(ctx, err)
 	}
 	return tx, inserted, nil
 }

@@ -21,7 +21,8 @@
 //
 // With Config.SQLHandler instead of Handler the same transaction is a
 // database/sql one (pgx's stdlib driver over Config.Pool), handed to the
-// handler as a *sql.Tx; steps 1 to 3 are the same.
+// handler as a *sql.Tx; steps 1 to 3 are the same, and so are batches
+// (see Batches: the savepoints are statements on the *sql.Tx).
 //
 // Two consumers of one event (different Consumer names, each with its own
 // queue bound to the event type) each handle it once. Step 1 also reads
@@ -50,6 +51,9 @@
 //     attempt (OutcomeDead).
 //   - RetryAfter(err, d): like an ordinary error, but the next attempt comes
 //     after d instead of the policy's delay.
+//   - Snooze(d) (ferry.RetryAfter): roll back and send the message back
+//     for d without counting an attempt (OutcomeSnoozed; see "Snoozes and
+//     flow limits").
 //
 // When the transaction cannot even begin, or the dedup insert fails for a
 // reason that is not the message's (connection lost, table missing), the
@@ -166,7 +170,9 @@
 //  3. one COMMIT; then the successes are acked and each failure goes
 //     through the retry policy and OnFailure exactly as with BatchSize 1.
 //
-// Each message keeps the guarantees above: its writes commit with its
+// Each message keeps the guarantees above (workertest's kill tests kill a
+// worker process with SIGKILL right after a batch's COMMIT and in the
+// middle of a batch, and find each database effect once): its writes commit with its
 // dedup row or not at all, one failing or panicking handler fails only its
 // own message, and Extend runs for every delivery of the batch until it is
 // settled. When the batch as a whole fails — the COMMIT (e.g. a deferred
@@ -266,6 +272,30 @@
 // top of Concurrency. With BatchSize > 1 the abandoned handler's batch is
 // rolled back with it, and its other messages are handled again one by
 // one, as after any failed batch.
+//
+// # Snoozes and flow limits
+//
+// A snooze sends the delivery back through broker.Delivery.Retry like a
+// retry, but it is not a failed attempt: no OnFailure, no attempt record,
+// and the redelivery is the same attempt. The broker counts it all the
+// same (HeaderRetryCount, JetStream's NumDelivered, SQS's
+// ApproximateReceiveCount, which Retry cannot rewrite on a broker that
+// retries in place), so the worker counts the snoozes of each message in
+// AttemptsTable's snoozes column, in a statement of its own before the
+// Retry, and subtracts them from the broker's count. The count is read
+// with the attempt record (same statement) and deleted with it. A snooze
+// whose record could not be written, or whose Retry was lost, makes the
+// redelivery one attempt higher or lower at most. After Config.MaxSnoozes
+// snoozes (or one delivery short of the broker's delivery limit,
+// broker.Limits.DeliveryLimit) the message is dead-lettered with a reason
+// saying so.
+//
+// A type's ConcurrencyLimit and RateLimit (TypeOptions) are applied
+// before its message's transaction begins, in statements of their own
+// (SlotsTable, RatesTable) that every replica sees at their commit: a
+// slot is taken (a lease renewed every third of it while the handler
+// runs, freed once the transaction ended), then the rate is checked; a
+// delivery over either limit is snoozed. Both need BatchSize 1.
 //
 // # Concurrency and shutdown
 //

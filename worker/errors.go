@@ -73,7 +73,9 @@ type RetryAfterError struct {
 // last attempt the message goes to the DLQ. On brokers without
 // Capabilities.NativeDelay d is rounded up to the next declared retry level
 // (broker.Delivery.Retry); a d above Capabilities.MaxDelay is cut to it.
-// The model is river's JobSnooze.
+// For a "come back later" that must not spend an attempt (a provider's
+// 429), use Snooze (ferry.RetryAfter) instead: the attempt number stays
+// as it was.
 func RetryAfter(err error, d time.Duration) error { return &RetryAfterError{Err: err, Delay: d} }
 
 // Error returns the text of Err, or "retry after <Delay>" when Err is nil.

@@ -29,6 +29,7 @@ func (w *Worker) checkBrokerLimits(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: read the broker's limits of %s: %w", w.cfg.Queue, err)
 	}
+	w.deliveryLimit.Store(int64(max(l.DeliveryLimit, 0)))
 	if err := CheckLimits(w.cfg, w.caps, l); err != nil {
 		return err
 	}

@@ -65,7 +65,7 @@ func (w *Worker) processSQL(ctx context.Context, msg *broker.Message) (res proce
 		inserted = n == 1
 	}
 	if err == nil && inserted {
-		err = tx.QueryRowContext(ctx, attemptSQL, w.cfg.Consumer, msg.ID).Scan(&res.rec.attempts, &res.rec.dead, &res.rec.lastError)
+		err = tx.QueryRowContext(ctx, attemptSQL, w.cfg.Consumer, msg.ID).Scan(&res.rec.attempts, &res.rec.dead, &res.rec.lastError, &res.rec.snoozes)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil
 		}
@@ -101,7 +101,7 @@ func (w *Worker) processSQL(ctx context.Context, msg *broker.Message) (res proce
 		res.err = err
 		return res
 	}
-	if res.rec.attempts > 0 {
+	if res.rec.attempts > 0 || res.rec.snoozes > 0 {
 		if _, err := tx.ExecContext(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
 			rollback()
 			res.err = fmt.Errorf("worker: delete from %s: %w", AttemptsTable, err)

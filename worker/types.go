@@ -16,8 +16,8 @@ import (
 // TypeOptions are the settings of one event type (one pattern of a
 // Router) that take the place of the worker's own. The zero value of each
 // field means the worker's setting. ferry.Handle and ferry.Mux.Handle set
-// them with ferry.WithMaxAttempts, ferry.WithRetryDelays and
-// ferry.WithTimeout.
+// them with ferry.WithMaxAttempts, ferry.WithRetryDelays,
+// ferry.WithTimeout, ferry.WithConcurrency and ferry.WithRateLimit.
 type TypeOptions struct {
 	// MaxAttempts is the number of attempts, the first included, after
 	// which a message of the type goes to the DLQ (as
@@ -32,11 +32,19 @@ type TypeOptions struct {
 	// Timeout bounds each attempt of a message of the type, as
 	// Config.HandlerTimeout does for the worker. 0: Config.HandlerTimeout.
 	Timeout time.Duration
+	// Concurrency, when set, bounds the messages of the type handled at
+	// once across every worker sharing the database (ConcurrencyLimit).
+	// Only with Config.BatchSize 1. The worker does not modify it.
+	Concurrency *ConcurrencyLimit
+	// Rate, when set, bounds the messages of the type started per second
+	// across every worker sharing the database (RateLimit). Only with
+	// Config.BatchSize 1. The worker does not modify it.
+	Rate *RateLimit
 }
 
 // IsZero reports whether o sets nothing (every field the worker's).
 func (o TypeOptions) IsZero() bool {
-	return o.MaxAttempts == 0 && o.RetryDelays == nil && o.Timeout == 0
+	return o.MaxAttempts == 0 && o.RetryDelays == nil && o.Timeout == 0 && o.Concurrency == nil && o.Rate == nil
 }
 
 // Validate returns an error naming the first invalid field, or nil.
@@ -54,6 +62,16 @@ func (o TypeOptions) Validate() error {
 	}
 	if o.Timeout < 0 {
 		return fmt.Errorf("worker: TypeOptions.Timeout %v: must not be negative", o.Timeout)
+	}
+	if o.Concurrency != nil {
+		if err := o.Concurrency.Validate(); err != nil {
+			return fmt.Errorf("worker: TypeOptions.Concurrency: %w", err)
+		}
+	}
+	if o.Rate != nil {
+		if err := o.Rate.Validate(); err != nil {
+			return fmt.Errorf("worker: TypeOptions.Rate: %w", err)
+		}
 	}
 	return nil
 }
@@ -100,7 +118,8 @@ func RouterFrom(ctx context.Context) Router {
 type typeSettings struct {
 	policy  RetryPolicy
 	timeout time.Duration
-	err     error // why the route's options were refused; the attempt fails with it
+	flow    *flowLimits // the route's concurrency and rate limits; nil: none
+	err     error       // why the route's options were refused; the attempt fails with it
 }
 
 // typeConfig is the Config a route's messages effectively run with: the
@@ -189,6 +208,9 @@ func checkTypeOptions(r Route, cfg Config, caps broker.Capabilities) error {
 	if err := r.Options.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
+	if (r.Options.Concurrency != nil || r.Options.Rate != nil) && cfg.BatchSize > 1 {
+		return fmt.Errorf("%w: concurrency and rate limits need Config.BatchSize 1 (it is %d): a slot is held for one message's transaction", ErrInvalidConfig, cfg.BatchSize)
+	}
 	if v, ok := cfg.Policy.(interface{ Validate() error }); ok {
 		if err := v.Validate(); err != nil {
 			return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
@@ -236,7 +258,7 @@ func (w *Worker) buildTypes() error {
 		if err := checkTypeOptions(r, c, w.caps); err != nil {
 			return err
 		}
-		m[r.Pattern] = &typeSettings{policy: c.Policy, timeout: c.HandlerTimeout}
+		m[r.Pattern] = &typeSettings{policy: c.Policy, timeout: c.HandlerTimeout, flow: newFlowLimits(w.cfg.Consumer, r.Pattern, r.Options)}
 		return nil
 	})
 	if err != nil {
@@ -268,9 +290,9 @@ func (w *Worker) settingsFor(msg *broker.Message) *typeSettings {
 		return s
 	}
 	c := routeConfig(w.cfg, r)
-	s = &typeSettings{policy: c.Policy, timeout: c.HandlerTimeout}
+	s = &typeSettings{policy: c.Policy, timeout: c.HandlerTimeout, flow: newFlowLimits(w.cfg.Consumer, r.Pattern, r.Options)}
 	if err := checkTypeOptions(r, c, w.caps); err != nil {
-		s.policy = w.policy
+		s.policy, s.flow = w.policy, nil
 		s.err = fmt.Errorf("worker: Config.Router: pattern %q registered after the worker started: %w", r.Pattern, err)
 		w.log.Error("worker: options of a route registered after the start refused; its messages fail", "pattern", r.Pattern, "err", err)
 	}

@@ -26,8 +26,10 @@ import (
 // Config.BatchSize > 1, tx is the batch's transaction and the handler runs
 // inside a savepoint of it (package doc, "Batches"). It
 // returns nil (the message is acked), an ordinary error (retried under the
-// RetryPolicy), Permanent(err) (dead-lettered at once) or RetryAfter(err, d)
-// (retried after d). It must not commit or roll back tx. ctx is cancelled
+// RetryPolicy), Permanent(err) (dead-lettered at once), RetryAfter(err, d)
+// (a failed attempt retried after d) or Snooze(d) (sent back for d
+// without counting an attempt; tx is rolled back). It must not commit or
+// roll back tx. ctx is cancelled
 // when a shutdown's ShutdownTimeout expires, and at the attempt's timeout
 // (Config.HandlerTimeout, TypeOptions.Timeout) when one is set. A handler may run again
 // for the same message (after a failed attempt, or a crash before the
@@ -74,10 +76,14 @@ const (
 	// "ack", "duplicate", "retry" nor "dead" is counted for such a
 	// delivery: outcomes count only what the broker took.
 	OutcomeUnsettled
+	// OutcomeSnoozed: the delivery was sent back for later without
+	// counting an attempt (Snooze: the handler asked for it, or a
+	// concurrency or rate limit of its type was reached).
+	OutcomeSnoozed
 )
 
-// String returns "ack", "retry", "dead", "duplicate" or "unsettled" (the
-// metrics label).
+// String returns "ack", "retry", "dead", "duplicate", "unsettled" or
+// "snoozed" (the metrics label).
 func (o Outcome) String() string {
 	switch o {
 	case OutcomeAck:
@@ -90,6 +96,8 @@ func (o Outcome) String() string {
 		return "duplicate"
 	case OutcomeUnsettled:
 		return "unsettled"
+	case OutcomeSnoozed:
+		return "snoozed"
 	default:
 		return fmt.Sprintf("Outcome(%d)", int(o))
 	}
@@ -155,7 +163,7 @@ const AttemptsTable = "worker_attempts"
 // just before its rollback.
 const (
 	dedupSQL   = `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
-	attemptSQL = `SELECT attempts, dead, last_error FROM worker_attempts WHERE consumer = $1 AND message_id = $2`
+	attemptSQL = `SELECT attempts, dead, last_error, snoozes FROM worker_attempts WHERE consumer = $1 AND message_id = $2`
 )
 
 // recordAttemptSQL records a failed attempt; it never lowers the count
@@ -176,10 +184,13 @@ type attemptRecord struct {
 	attempts  int    // the number of the last failed attempt
 	dead      bool   // the DLQ was decided and not confirmed
 	lastError string // the reason of the last failed attempt
+	snoozes   int    // deliveries sent back by Snooze, not counted as attempts
 }
 
-// withAttempt returns msg with Attempt raised to the attempt the record
-// says this delivery is: one past the last failed attempt, or, for a
+// withAttempt returns msg with Attempt set to the attempt the record
+// says this delivery is: the broker's count less the snoozes (Snooze:
+// each was a delivery the broker counted, not an attempt), at least one
+// past the last failed attempt, or, for a
 // message whose DLQ was decided, that last attempt (whatever the broker
 // counted since). A message without HeaderLastError gets the record's
 // reason (the broker retried it in place, Capabilities.RetryInPlace, or
@@ -187,7 +198,7 @@ type attemptRecord struct {
 // otherwise a shallow copy (Body is shared and must not be modified
 // either; Headers is a new map when the reason was added).
 func withAttempt(msg *broker.Message, rec attemptRecord) *broker.Message {
-	want := max(msg.Attempt, 1, rec.attempts+1)
+	want := max(msg.Attempt-rec.snoozes, 1, rec.attempts+1)
 	if rec.dead {
 		want = max(rec.attempts, 1)
 	}
@@ -235,9 +246,10 @@ type Config struct {
 	Handler Handler
 	// SQLHandler, set instead of Handler, handles each message in a
 	// database/sql transaction (pgx's stdlib driver over Pool) holding the
-	// dedup row: for services written on database/sql. Not with BatchSize
-	// > 1, and without per-type options or abandonment of a handler that
-	// overruns HandlerTimeout.
+	// dedup row: for services written on database/sql. With BatchSize > 1
+	// the batch's transaction, a savepoint per message, as for Handler.
+	// Without per-type options or abandonment of a handler that overruns
+	// HandlerTimeout.
 	SQLHandler SQLHandler
 	// Router, instead of Handler, handles each message
 	// (Router.HandleMessage) with the options of its type
@@ -351,6 +363,14 @@ type Config struct {
 	// is called concurrently from the handling goroutines and must be
 	// fast; the ops helper counts ferry_worker_settle_failures_total here.
 	OnSettleFailure func(f broker.SettleFailure)
+	// MaxSnoozes is how often one message may be snoozed (Snooze, or a
+	// concurrency or rate limit of its type reached) before it goes to
+	// the DLQ with a reason saying so, so that a message cannot come back
+	// forever unnoticed. The broker's own delivery limit, when it reports
+	// one (SQS maxReceiveCount, JetStream MaxDeliver; broker.Limits), cuts
+	// it further: each snooze is a delivery the broker counts. Defaults
+	// to DefaultMaxSnoozes (1000); must not be negative.
+	MaxSnoozes int
 }
 
 // Worker consumes one queue and runs the handler once per message ID and
@@ -365,6 +385,9 @@ type Worker struct {
 	log     *slog.Logger
 	running atomic.Bool
 	sqlDB   *sql.DB // during Run, with Config.SQLHandler
+	// deliveryLimit is the broker's broker.Limits.DeliveryLimit read by
+	// Run (0: none or unknown).
+	deliveryLimit atomic.Int64
 }
 
 // New validates cfg, applies the defaults and checks the configuration
@@ -392,8 +415,6 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.Handler: required (or Config.SQLHandler or Config.Router)")
 	case (cfg.Handler != nil && cfg.SQLHandler != nil) || (cfg.Handler != nil && cfg.Router != nil) || (cfg.SQLHandler != nil && cfg.Router != nil):
 		return nil, bad("Config.Handler, Config.SQLHandler and Config.Router: set one (Router: mux, not Handler: mux.HandleMessage)")
-	case cfg.SQLHandler != nil && cfg.BatchSize > 1:
-		return nil, bad("Config.BatchSize %d: batches need Config.Handler (a pgx.Tx), not Config.SQLHandler", cfg.BatchSize)
 	case cfg.Concurrency < 0:
 		return nil, bad("Config.Concurrency %d: must not be negative", cfg.Concurrency)
 	case cfg.Prefetch < 0:
@@ -408,6 +429,11 @@ func New(cfg Config) (*Worker, error) {
 		return nil, bad("Config.ShutdownTimeout %v: must not be negative", cfg.ShutdownTimeout)
 	case cfg.HandlerTimeout < 0:
 		return nil, bad("Config.HandlerTimeout %v: must not be negative", cfg.HandlerTimeout)
+	case cfg.MaxSnoozes < 0:
+		return nil, bad("Config.MaxSnoozes %d: must not be negative", cfg.MaxSnoozes)
+	}
+	if cfg.MaxSnoozes == 0 {
+		cfg.MaxSnoozes = DefaultMaxSnoozes
 	}
 	if r := cfg.Router; r != nil {
 		cfg.Handler = func(ctx context.Context, tx pgx.Tx, msg *broker.Message) error {
@@ -698,6 +724,27 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 		return w.processSQL(ctx, msg)
 	}
 	res.msg = msg
+	if fl := w.settingsFor(msg).flow; fl != nil {
+		// The limits are taken before the transaction, in statements of
+		// their own that the other replicas see at once; the slot is
+		// released once the transaction ended (the deferred release runs
+		// after the commit or rollback below).
+		hold, err := w.admit(ctx, fl, msg)
+		var sz *SnoozeError
+		switch {
+		case errors.As(err, &sz):
+			res.err = err
+			res.fail = w.fail(ctx, msg, err, false)
+			return res
+		case err != nil && ctx.Err() != nil:
+			res.err = ctx.Err()
+			return res
+		case err != nil:
+			res.err = fmt.Errorf("%w: %w", errDatabase, err)
+			return res
+		}
+		defer hold.release(ctx)
+	}
 	tx, inserted, began, err := w.beginDedup(ctx, msg.ID, &res.rec)
 	if err != nil {
 		if tx != nil {
@@ -750,7 +797,7 @@ func (w *Worker) process(ctx context.Context, msg *broker.Message) (res processR
 		res.err = err
 		return res
 	}
-	if res.rec.attempts > 0 {
+	if res.rec.attempts > 0 || res.rec.snoozes > 0 {
 		if _, err := tx.Exec(ctx, clearAttemptsSQL, w.cfg.Consumer, msg.ID); err != nil {
 			w.rollback(ctx, tx)
 			res.err = fmt.Errorf("worker: delete from %s: %w", AttemptsTable, err)
@@ -782,7 +829,7 @@ func (w *Worker) beginDedup(ctx context.Context, id string, rec *attemptRecord) 
 		began = true
 		tag, err = br.Exec()
 		if err == nil {
-			err = br.QueryRow().Scan(&rec.attempts, &rec.dead, &rec.lastError)
+			err = br.QueryRow().Scan(&rec.attempts, &rec.dead, &rec.lastError, &rec.snoozes)
 			if errors.Is(err, pgx.ErrNoRows) {
 				err = nil
 			}
@@ -987,6 +1034,8 @@ func (w *Worker) settleFailed(f broker.SettleFailure, attempt int) {
 // whether it is in AttemptsTable.
 type failure struct {
 	err      error         // the handler's error
+	snooze   bool          // a snooze: Retry after delay, no attempt counted
+	quiet    bool          // a flow limit's snooze: logged at Debug
 	dead     bool          // to the DLQ
 	delay    time.Duration // before the retry, when not dead
 	reason   string        // HeaderLastError
@@ -997,6 +1046,10 @@ type failure struct {
 // (dead forces the DLQ) and records it in AttemptsTable in its own
 // transaction, before anything else happens to the delivery.
 func (w *Worker) fail(ctx context.Context, msg *broker.Message, herr error, dead bool) *failure {
+	var sz *SnoozeError
+	if !dead && msg.ID != "" && !IsPermanent(herr) && errors.As(herr, &sz) {
+		return w.snooze(ctx, msg, herr, sz)
+	}
 	f := &failure{err: herr, dead: dead}
 	if !f.dead && !IsPermanent(herr) {
 		attempt := max(msg.Attempt, 1)
@@ -1035,6 +1088,10 @@ func (w *Worker) fail(ctx context.Context, msg *broker.Message, herr error, dead
 func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Message, f *failure, dur time.Duration) {
 	sctx, cancel := w.settleContext(ctx, msg)
 	defer cancel()
+	if f.snooze {
+		w.settleSnooze(sctx, d, msg, f, dur)
+		return
+	}
 	if w.cfg.OnFailure != nil {
 		if err := w.onFailure(sctx, msg, f.err, f.dead); err != nil {
 			w.log.Error("worker: OnFailure failed", "message_id", msg.ID, "dead", f.dead, "err", err)
@@ -1069,6 +1126,23 @@ func (w *Worker) settle(ctx context.Context, d broker.Delivery, msg *broker.Mess
 		return
 	}
 	w.outcome(msg, OutcomeRetry, dur)
+}
+
+// settleSnooze sends the snoozed delivery back after f.delay: no
+// OnFailure, no attempt counted.
+func (w *Worker) settleSnooze(sctx context.Context, d broker.Delivery, msg *broker.Message, f *failure, dur time.Duration) {
+	lvl := slog.LevelInfo
+	if f.quiet {
+		lvl = slog.LevelDebug
+	}
+	w.log.Log(sctx, lvl, "worker: message snoozed; it comes back without counting an attempt", "message_id", msg.ID, "app_id", msg.Headers[broker.HeaderAppID], "type", msg.Type, "attempt", msg.Attempt, "delay", f.delay, "why", f.err.Error())
+	if err := d.Retry(sctx, f.delay, f.reason); err != nil {
+		w.settleFailed(broker.SettleFailure{Op: broker.SettleRetry, MessageID: msg.ID, Err: err,
+			Next: "the broker will redeliver it, without the delay, and the worker will handle the redelivery (as the same attempt when the snooze was recorded)"}, msg.Attempt)
+		w.outcome(msg, OutcomeUnsettled, dur)
+		return
+	}
+	w.outcome(msg, OutcomeSnoozed, dur)
 }
 
 // deadAgain dead-letters a redelivery of a message whose DLQ was decided

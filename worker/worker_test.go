@@ -39,10 +39,12 @@ func TestWorkerRabbitMQBatch8(t *testing.T) {
 	workertest.RunWorkerSuiteWith(t, newRabbitMQ, workertest.SuiteOptions{BatchSize: 8})
 }
 
-// BenchmarkWorker reports the worker's msgs/s on RabbitMQ and PostgreSQL
-// with a handler doing one UPDATE, with the default configuration (one
-// transaction per message) and with batches, in the same run; run with
-// -benchtime=20000x.
+// BenchmarkWorker reports the worker's msgs/s and commits/msg on RabbitMQ
+// and PostgreSQL with a handler doing one UPDATE, with the default
+// configuration (one transaction per message) and with batches, in the
+// same run; run with -benchtime=20000x (-bench
+// BenchmarkWorker/Conc8/Prefetch64 for Batch1 against Batch8 alone, with
+// the Router variants of Batch1).
 func BenchmarkWorker(b *testing.B) {
 	for _, bc := range []struct {
 		name string

@@ -3,6 +3,7 @@ package workertest
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"slices"
 	"sync"
@@ -311,4 +312,60 @@ func testBatchCommitFailure(t *testing.T, s suite) {
 	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE message_id = 'bad'`))
 	require.Equal(t, 3, count(t, f.pool, `SELECT count(*) FROM processed_messages`))
 	require.Equal(t, 0, count(t, f.pool, `SELECT count(*) FROM batch_deferred`))
+}
+
+// testBatchSQL: a batch handled by a Config.SQLHandler (a *sql.Tx) keeps
+// the guarantees of a pgx batch: one transaction for the batch, a failing
+// and a panicking handler fail only their own message (savepoints on the
+// *sql.Tx), a message processed before is a duplicate.
+func testBatchSQL(t *testing.T, s suite) {
+	f := setup(t, s, 1)
+	out := newOutcomes()
+	log := &txLog{}
+	cfg := f.batchConfig("bsql", nil)
+	cfg.Handler = nil
+	cfg.SQLHandler = func(ctx context.Context, tx *sql.Tx, msg *broker.Message) error {
+		var txid int64
+		if err := tx.QueryRowContext(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+			return err
+		}
+		log.mu.Lock()
+		log.calls = append(log.calls, txCall{id: msg.ID, attempt: msg.Attempt, txid: txid})
+		log.mu.Unlock()
+		if _, err := tx.ExecContext(ctx, `INSERT INTO side_effects (consumer, message_id, attempt) VALUES ('bsql', $1, $2)`, msg.ID, msg.Attempt); err != nil {
+			return err
+		}
+		switch {
+		case msg.ID == "2" && msg.Attempt == 1:
+			panic("nil map write in handler")
+		case msg.ID == "3" && msg.Attempt == 1:
+			return errors.New("transient failure")
+		}
+		return nil
+	}
+	cfg.OnOutcome = out.hook
+	_, err := f.pool.Exec(context.Background(), `INSERT INTO processed_messages (consumer, message_id) VALUES ('bsql', '5')`)
+	require.NoError(t, err)
+	f.publish(t, f.msg("1"), f.msg("2"), f.msg("3"), f.msg("4"), f.msg("5"))
+	start(t, cfg)
+	out.waitCount(t, worker.OutcomeAck, 4)
+	out.waitCount(t, worker.OutcomeDuplicate, 1)
+	out.settle()
+
+	require.Equal(t, []string{"1", "2", "4"}, log.mates(t, "3", 1), "the new messages form one batch")
+	for _, id := range []string{"1", "4"} {
+		require.Equal(t, []outcomeRec{{id: id, attempt: 1, outcome: worker.OutcomeAck}}, out.outcomesOf(id), "message %s", id)
+	}
+	for _, id := range []string{"2", "3"} {
+		require.Equal(t, []outcomeRec{
+			{id: id, attempt: 1, outcome: worker.OutcomeRetry},
+			{id: id, attempt: 2, outcome: worker.OutcomeAck},
+		}, out.outcomesOf(id), "message %s", id)
+	}
+	require.Equal(t, []outcomeRec{{id: "5", attempt: 1, outcome: worker.OutcomeDuplicate}}, out.outcomesOf("5"))
+	require.Equal(t, 0, log.callsOf("5"))
+	require.Equal(t, 4, count(t, f.pool, `SELECT count(*) FROM side_effects`), "one write per message: the failed attempts' writes were rolled back")
+	require.Equal(t, 4, count(t, f.pool, `SELECT count(DISTINCT message_id) FROM side_effects`))
+	require.Equal(t, 2, count(t, f.pool, `SELECT count(*) FROM side_effects WHERE attempt = 2`))
+	require.Equal(t, 5, count(t, f.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'bsql'`))
 }

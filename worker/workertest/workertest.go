@@ -48,8 +48,12 @@ func RunWorkerSuite(t *testing.T, newBroker NewBrokerFunc) {
 type SuiteOptions struct {
 	// BatchSize is every worker's Config.BatchSize (0: the default, 1).
 	// Above 1 the suite also runs the tests of batches: one failing,
-	// panicking or duplicate message in a batch, and a batch whose commit
-	// fails.
+	// panicking or duplicate message in a batch, a batch whose commit
+	// fails, and a worker process killed (SIGKILL) between a batch's
+	// commit and its settles or in the middle of a batch. The kill tests
+	// run the test binary again as the worker process, with
+	// -test.run selecting the same test and an environment variable
+	// telling it to be the child.
 	BatchSize int
 }
 
@@ -62,6 +66,9 @@ func RunWorkerSuiteWith(t *testing.T, newBroker NewBrokerFunc, opts SuiteOptions
 		t.Run("BatchWithDuplicates", func(t *testing.T) { testBatchDuplicates(t, s) })
 		t.Run("BatchPanicFailsOnlyItsMessage", func(t *testing.T) { testBatchPanic(t, s) })
 		t.Run("BatchCommitFailureSpendsNoAttempt", func(t *testing.T) { testBatchCommitFailure(t, s) })
+		t.Run("BatchSQLHandler", func(t *testing.T) { testBatchSQL(t, s) })
+		t.Run("BatchKilledAfterCommitIsDuplicates", func(t *testing.T) { testBatchKilledAfterCommit(t, s) })
+		t.Run("BatchKilledMidBatchCommitsNothing", func(t *testing.T) { testBatchKilledMidBatch(t, s) })
 	}
 	t.Run("DuplicateMessageHandledOnce", func(t *testing.T) { testDuplicate(t, s) })
 	t.Run("AlreadyProcessedIsDuplicate", func(t *testing.T) { testAlreadyProcessed(t, s) })
@@ -112,6 +119,7 @@ type suite struct {
 type fixture struct {
 	opts  SuiteOptions
 	pool  *pgxpool.Pool
+	dsn   string // the URL of pool's database
 	b     broker.Broker
 	topo  broker.Topology
 	queue string
@@ -122,10 +130,10 @@ type fixture struct {
 // queues (one per name suffix) bound to one event type.
 func setup(t *testing.T, s suite, queues int) *fixture {
 	t.Helper()
-	pool, _ := testenv.NewPool(t)
+	pool, dsn := testenv.NewPool(t)
 	CreateSchema(t, pool)
 	b := s.newBroker(t)
-	f := &fixture{opts: s.opts, pool: pool, b: b, typ: "ferry.test.created"}
+	f := &fixture{opts: s.opts, pool: pool, dsn: dsn, b: b, typ: "ferry.test.created"}
 	f.topo = broker.Topology{Exchange: testenv.UniqueName("wt-ex")}
 	for i := range queues {
 		f.topo.Queues = append(f.topo.Queues, broker.Queue{

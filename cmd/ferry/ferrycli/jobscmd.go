@@ -1,6 +1,7 @@
 package ferrycli
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,18 +21,18 @@ const (
 	flagType  = "type"
 )
 
-// jobsCommand is `ferry jobs get|list|cancel`, over outbox.JobGet,
-// JobGetByAppID, JobList and JobCancel.
+// jobsCommand is `ferry jobs get|list|cancel|workflow`, over
+// outbox.JobGet, JobGetByAppID, JobList, JobCancel and WorkflowGet.
 func jobsCommand() *cli.Command {
 	appID := func() cli.Flag {
 		return &cli.StringFlag{Name: flagAppID, Usage: "the jobs whose event carries this application id (x-app-id) instead of an ID"}
 	}
 	return &cli.Command{
 		Name:  "jobs",
-		Usage: "find a job (an outbox event) by message ID or app id, see its state and history, cancel it",
+		Usage: "find a job (an outbox event) by message ID or app id, see its state and history, cancel it; show a workflow",
 		Subcommands: []*cli.Command{{
 			Name:      "get",
-			Usage:     "state (scheduled, pending, published, retrying, handled, dead, cancelled), consumers, history",
+			Usage:     "state (held, scheduled, pending, published, retrying, handled, dead, cancelled), consumers, history",
 			ArgsUsage: "ID (the message ID, the outbox row id) | --app-id X",
 			Flags:     concat(databaseFlags(false), logFlags("warn"), []cli.Flag{appID(), formatFlag()}),
 			Action:    jobsGet,
@@ -39,7 +40,7 @@ func jobsCommand() *cli.Command {
 			Name:  "list",
 			Usage: "the newest jobs, optionally of one state and type",
 			Flags: concat(databaseFlags(false), logFlags("warn"), []cli.Flag{
-				&cli.StringFlag{Name: flagState, Usage: "only jobs in this state: scheduled, pending, published, retrying, handled, dead, cancelled"},
+				&cli.StringFlag{Name: flagState, Usage: "only jobs in this state: held, scheduled, pending, published, retrying, handled, dead, cancelled"},
 				&cli.StringFlag{Name: flagType, Usage: "only jobs of this event type"},
 				&cli.IntFlag{Name: flagLimit, Value: 50, Usage: fmt.Sprintf("list at most this many (1 to %d)", outbox.MaxJobList)},
 				formatFlag(),
@@ -51,6 +52,12 @@ func jobsCommand() *cli.Command {
 			ArgsUsage: "ID | --app-id X",
 			Flags:     concat(databaseFlags(false), logFlags("info"), []cli.Flag{appID(), &cli.BoolFlag{Name: flagYes, Usage: "confirm the cancel"}}),
 			Action:    jobsCancel,
+		}, {
+			Name:      "workflow",
+			Usage:     "a workflow's jobs (ferry.EnqueueWorkflow): each job's state, what it waits for, how it settled",
+			ArgsUsage: "WORKFLOW-ID",
+			Flags:     concat(databaseFlags(false), logFlags("warn"), []cli.Flag{formatFlag()}),
+			Action:    jobsWorkflow,
 		}},
 	}
 }
@@ -161,6 +168,12 @@ func printJob(w io.Writer, j outbox.Job) {
 		if !j.CancelledAt.IsZero() {
 			fmt.Fprintf(tw, "cancelled at\t%s\n", fmtTime(j.CancelledAt))
 		}
+		if j.CancelReason != "" {
+			fmt.Fprintf(tw, "cancelled because\t%s\n", j.CancelReason)
+		}
+		if j.WorkflowID != 0 {
+			fmt.Fprintf(tw, "workflow\t%d (ferry jobs workflow %d)\n", j.WorkflowID, j.WorkflowID)
+		}
 	} else {
 		fmt.Fprintf(tw, "outbox row\tdeleted by retention after publication\n")
 	}
@@ -197,9 +210,9 @@ func jobsList(c *cli.Context) error {
 	}
 	state := outbox.JobState(c.String(flagState))
 	switch state {
-	case "", outbox.JobScheduled, outbox.JobPending, outbox.JobPublished, outbox.JobRetrying, outbox.JobHandled, outbox.JobDead, outbox.JobCancelled:
+	case "", outbox.JobHeld, outbox.JobScheduled, outbox.JobPending, outbox.JobPublished, outbox.JobRetrying, outbox.JobHandled, outbox.JobDead, outbox.JobCancelled:
 	default:
-		return usagef("--%s %q: want scheduled, pending, published, retrying, handled, dead or cancelled", flagState, state)
+		return usagef("--%s %q: want held, scheduled, pending, published, retrying, handled, dead or cancelled", flagState, state)
 	}
 	st, err := jobsStack(c, "warn")
 	if err != nil {
@@ -352,4 +365,90 @@ func toJobJSON(j outbox.Job) jobJSON {
 		out.History = append(out.History, historyJSON{At: timePtr(e.At), Event: e.What, Consumer: e.Consumer, Detail: e.Detail})
 	}
 	return out
+}
+
+func jobsWorkflow(c *cli.Context) error {
+	args := c.Args().Slice()
+	switch {
+	case len(args) == 0:
+		return usagef("jobs workflow: say which workflow: ferry jobs workflow WORKFLOW-ID (ferry.EnqueueWorkflow returns it; ferry jobs get shows a job's)")
+	case len(args) > 1:
+		return usagef("jobs workflow: one WORKFLOW-ID at a time, got %d arguments (flags go before the ID)", len(args))
+	}
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id <= 0 {
+		return usagef("jobs workflow: WORKFLOW-ID %q: want a positive workflow id", args[0])
+	}
+	format, err := checkFormat(c)
+	if err != nil {
+		return err
+	}
+	st, err := jobsStack(c, "warn")
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	wf, err := outbox.WorkflowGet(c.Context, st.pool, id)
+	if err != nil {
+		return fmt.Errorf("ferry: jobs workflow: %w", err)
+	}
+	w := c.App.Writer
+	if format == "json" {
+		out := workflowJSON{ID: wf.ID, Name: wf.Name, CreatedAt: wf.CreatedAt, Done: wf.Done, Failed: wf.Failed, Cancelled: wf.Cancelled, Jobs: []workflowJobJSON{}}
+		for _, j := range wf.Jobs {
+			out.Jobs = append(out.Jobs, workflowJobJSON{ID: j.ID, Name: j.Name, Type: j.Type, State: string(j.State), Layer: j.Layer,
+				After: append([]int64{}, j.After...), Waiting: j.Waiting, Outcome: j.Outcome, SettledBy: j.SettledBy,
+				SettledAt: timePtr(j.SettledAt), ReleasedAt: timePtr(j.ReleasedAt), Consumer: j.Consumer, ReleaseOnFailure: j.ReleaseOnFailure})
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(w, "workflow %d %q, enqueued at %s: %d job(s), %d completed, %d failed, %d cancelled\n\n",
+		wf.ID, wf.Name, fmtTime(wf.CreatedAt), len(wf.Jobs), wf.Done, wf.Failed, wf.Cancelled)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LAYER\tID\tNAME\tTYPE\tSTATE\tAFTER\tWAITING FOR\tSETTLED")
+	for _, j := range wf.Jobs {
+		after := make([]string, len(j.After))
+		for i, d := range j.After {
+			after[i] = strconv.FormatInt(d, 10)
+		}
+		settled := "-"
+		if j.Outcome != "" {
+			settled = j.Outcome
+			if j.SettledBy != "" {
+				settled += " by " + j.SettledBy
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", j.Layer, j.ID, j.Name, j.Type, j.State,
+			clipText(cmp.Or(strings.Join(after, ","), "-"), 60), j.Waiting, settled)
+	}
+	return tw.Flush()
+}
+
+// workflowJSON is a workflow in `jobs workflow --format json`.
+type workflowJSON struct {
+	ID        int64             `json:"id"`
+	Name      string            `json:"name"`
+	CreatedAt time.Time         `json:"created_at"`
+	Done      int               `json:"completed"`
+	Failed    int               `json:"failed"`
+	Cancelled int               `json:"cancelled"`
+	Jobs      []workflowJobJSON `json:"jobs"`
+}
+
+type workflowJobJSON struct {
+	ID               int64      `json:"id"`
+	Name             string     `json:"name"`
+	Type             string     `json:"type,omitempty"`
+	State            string     `json:"state"`
+	Layer            int        `json:"layer"`
+	After            []int64    `json:"after"`
+	Waiting          int        `json:"waiting"`
+	Outcome          string     `json:"outcome,omitempty"`
+	SettledBy        string     `json:"settled_by,omitempty"`
+	SettledAt        *time.Time `json:"settled_at,omitempty"`
+	ReleasedAt       *time.Time `json:"released_at,omitempty"`
+	Consumer         string     `json:"consumer,omitempty"`
+	ReleaseOnFailure bool       `json:"release_on_failure,omitempty"`
 }

@@ -41,6 +41,9 @@ func BenchmarkSQLHandler(b *testing.B) {
 			require.NoError(b, outbox.Migrate(ctx, pool))
 			var br broker.Broker
 			br, err = ferrycli.OpenBroker(ctx, "nats", brokerOptions())
+			if err != nil {
+				testenv.Require(b, "nats")
+			}
 			require.NoError(b, err)
 			defer br.Close()
 			ex := testenv.UniqueName("ferrybench")

@@ -62,6 +62,9 @@ type chart struct {
 	caption []string
 	// legend, when set, is drawn right of the panels, for all of them.
 	legend *plot.Legend
+	// panelWidth, when set, is each panel's width (default panelWidth,
+	// or chartWidth1 for a chart of one panel).
+	panelWidth vg.Length
 }
 
 // legendWidth is the strip right of the panels for a chart's own legend.
@@ -73,8 +76,9 @@ const legendWidth = 1.7 * vg.Inch
 // handled over time (faults), the latency CDF on a log scale, one panel
 // per rate (latency), ferry ÷ Watermill per broker (peer), the backlog
 // around the leader's kill and the recovery times (failover), bars of the
-// scenario's main figures per broker and variant (the others). It returns
-// the SVG file name per scenario.
+// scenario's main figures per broker and variant (the others); the peer
+// scenario has a second chart, PeerCPUChart. It returns the SVG file name
+// per scenario (and PeerCPUChart's under that name).
 func writeCharts(dir string, res *Results) (map[string]string, error) {
 	out := map[string]string{}
 	for _, sc := range Scenarios {
@@ -87,41 +91,49 @@ func writeCharts(dir string, res *Results) (map[string]string, error) {
 		if len(rows) == 0 {
 			continue
 		}
-		var (
-			ch  *chart
-			err error
-		)
-		switch sc {
-		case ScenarioPipeline:
-			ch, err = lineChart(rows, "pipeline: outbox lag while the relay drains a prefilled outbox", "time since the start (s)", "unpublished outbox rows (events)")
-		case ScenarioFaults:
-			ch, err = lineChart(rows, "faults: events handled while the broker restarts, then the relay and the worker are killed", "time since the start (s)", "events handled (count)")
-		case ScenarioLatency:
-			ch, err = latencyChart(rows)
-		case ScenarioPeer:
-			ch, err = peerChart(rows)
-		case ScenarioFailover:
-			ch, err = failoverChart(rows)
-		default:
-			if specs, ok := barFigures[sc]; ok {
-				ch, err = barChart(rows, sc, specs)
+		charts := map[string]func() (*chart, error){sc: func() (*chart, error) { return scenarioChart(sc, rows) }}
+		if sc == ScenarioPeer {
+			charts[PeerCPUChart] = func() (*chart, error) { return peerCPUChart(rows) }
+		}
+		for name, draw := range charts {
+			ch, err := draw()
+			if err != nil {
+				return nil, fmt.Errorf("bench: chart %s: %w", name, err)
 			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("bench: chart %s: %w", sc, err)
-		}
-		if ch == nil {
-			continue
-		}
-		ch.caption = append(ch.caption, machineCaption(res, rows))
-		for _, ext := range []string{".svg", ".png"} {
-			if err := ch.save(filepath.Join(dir, sc+ext)); err != nil {
-				return nil, fmt.Errorf("bench: chart %s: %w", sc, err)
+			if ch == nil {
+				continue
 			}
+			ch.caption = append(ch.caption, machineCaption(res, rows))
+			for _, ext := range []string{".svg", ".png"} {
+				if err := ch.save(filepath.Join(dir, name+ext)); err != nil {
+					return nil, fmt.Errorf("bench: chart %s: %w", name, err)
+				}
+			}
+			out[name] = name + ".svg"
 		}
-		out[sc] = sc + ".svg"
 	}
 	return out, nil
+}
+
+// scenarioChart is the chart of scenario sc drawn from its rows (see
+// writeCharts), nil for a scenario without one.
+func scenarioChart(sc string, rows []Result) (*chart, error) {
+	switch sc {
+	case ScenarioPipeline:
+		return lineChart(rows, "pipeline: outbox lag while the relay drains a prefilled outbox", "time since the start (s)", "unpublished outbox rows (events)")
+	case ScenarioFaults:
+		return lineChart(rows, "faults: events handled while the broker restarts, then the relay and the worker are killed", "time since the start (s)", "events handled (count)")
+	case ScenarioLatency:
+		return latencyChart(rows)
+	case ScenarioPeer:
+		return peerChart(rows)
+	case ScenarioFailover:
+		return failoverChart(rows)
+	}
+	if specs, ok := barFigures[sc]; ok {
+		return barChart(rows, sc, specs)
+	}
+	return nil, nil
 }
 
 // machineCaption says where and under what load rows were measured: the
@@ -158,7 +170,10 @@ func machineCaption(res *Results, rows []Result) string {
 // path, as SVG or PNG after its extension.
 func (c *chart) save(path string) error {
 	w := chartWidth1
-	if len(c.panels) > 1 {
+	switch {
+	case c.panelWidth > 0:
+		w = c.panelWidth * vg.Length(len(c.panels))
+	case len(c.panels) > 1:
 		w = panelWidth * vg.Length(len(c.panels))
 	}
 	if c.legend != nil {
@@ -464,6 +479,9 @@ func groupedBars(p *plot.Plot, brokers []string, series []barSeries) error {
 func barChart(rows []Result, sc string, specs []panelSpec) (*chart, error) {
 	brokers := brokersOf(rows)
 	ch := &chart{}
+	// Where some rows have a variant, the rows without one are named by
+	// their relay ("poll relay"), not left without a legend.
+	named := slices.ContainsFunc(rows, func(r Result) bool { return r.Variant != "" })
 	for _, spec := range specs {
 		var series []barSeries
 		for _, fig := range spec.figures {
@@ -472,8 +490,11 @@ func barChart(rows []Result, sc string, specs []panelSpec) (*chart, error) {
 					continue
 				}
 				name := r.Variant
+				if name == "" && named && r.RelayMode != "" {
+					name = r.RelayMode + " relay"
+				}
 				if len(spec.figures) > 1 {
-					name = strings.TrimSpace(fig + " " + r.Variant)
+					name = strings.TrimSpace(fig + " " + name)
 				}
 				i := slices.IndexFunc(series, func(s barSeries) bool { return s.name == name })
 				if i < 0 {
@@ -537,7 +558,7 @@ func peerChart(rows []Result) (*chart, error) {
 		if what == "throughput" {
 			better = "higher is better for ferry"
 		}
-		p := newPanel("ferry's "+what+" ÷ Watermill's ("+better+")", "Watermill's settings (and rate)", "ratio (log scale)")
+		p := newPanel("ferry's "+what+" ÷ Watermill's ("+better+")", "ferry's relay ÷ Watermill's settings (and rate)", "ratio (log scale)")
 		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, ratioLogTicks{}
 		var variants []string
 		lo, hi := 1.0, 1.0
@@ -599,7 +620,7 @@ func peerChart(rows []Result) (*chart, error) {
 		p.Add(plotter.NewGrid())
 		names := make([]string, len(variants))
 		for i, v := range variants {
-			names[i] = strings.TrimSuffix(v, ", end-to-end")
+			names[i] = peerRatioLabel(v)
 		}
 		p.NominalX(names...)
 		p.X.Min, p.X.Max = -0.6, float64(len(variants))-0.4
@@ -609,6 +630,160 @@ func peerChart(rows []Result) (*chart, error) {
 	}
 	ch.caption = []string{"Ratios within one run: ferry's own end-to-end and latency results divided by the Watermill peer's (bench/watermill) on the same PostgreSQL and broker, with the same events and rates."}
 	return ch, nil
+}
+
+// PeerCPUChart is the name (without extension) of the peer scenario's
+// second chart: per broker, stacked bars of CPU per 1,000 events split
+// into the pipeline's own process, PostgreSQL and the broker, for ferry
+// with the polling relay, ferry with the WAL relay and batched commits
+// and Watermill tuned.
+const PeerCPUChart = "peer-cpu"
+
+// peerCPUPipelines are the bars of PeerCPUChart: the peer's end-to-end
+// row of each pipeline and its label under the bar.
+var peerCPUPipelines = []struct{ variant, label string }{
+	{PeerFerryEndToEnd, "ferry\npoll relay"},
+	{PeerFerryWALEndToEnd, "ferry WAL relay\n+ batched commits"},
+	{"watermill tuned, end-to-end", "Watermill\ntuned"},
+}
+
+// peerCPUParts are the stacked parts of a PeerCPUChart bar: the peer
+// rows' figure and its legend.
+var peerCPUParts = []struct{ figure, legend string }{
+	{"CPU app", "own process"},
+	{"CPU postgres", "PostgreSQL"},
+	{"CPU broker", "broker"},
+}
+
+// cpuBar is one bar of PeerCPUChart: its label and its parts' values
+// (peerCPUParts' order, s per 1,000 events; 0 for a part missing).
+type cpuBar struct {
+	label string
+	parts []float64
+}
+
+// total is the bar's height.
+func (b cpuBar) total() float64 {
+	sum := 0.0
+	for _, v := range b.parts {
+		sum += v
+	}
+	return sum
+}
+
+// peerCPUBars returns the bars of PeerCPUChart per broker found in rows
+// (brokers, in rows' order, only those with at least one bar) and the
+// tallest bar's height.
+func peerCPUBars(rows []Result) (brokers []string, bars map[string][]cpuBar, top float64) {
+	bars = map[string][]cpuBar{}
+	for _, br := range brokersOf(rows) {
+		for _, pl := range peerCPUPipelines {
+			i := slices.IndexFunc(rows, func(r Result) bool { return r.Broker == br && r.Variant == pl.variant })
+			if i < 0 {
+				continue
+			}
+			b := cpuBar{label: pl.label}
+			found := false
+			for _, part := range peerCPUParts {
+				v, ok := rows[i].figure(part.figure)
+				found = found || ok
+				b.parts = append(b.parts, v)
+			}
+			if !found {
+				continue
+			}
+			top = max(top, b.total())
+			bars[br] = append(bars[br], b)
+		}
+		if len(bars[br]) > 0 {
+			brokers = append(brokers, br)
+		}
+	}
+	return brokers, bars, top
+}
+
+// peerCPUChart draws PeerCPUChart from the peer scenario's rows: a panel
+// per broker with the same Y axis, a stacked bar per pipeline of
+// peerCPUPipelines found (peerCPUBars), labelled with its total. Nil
+// when no broker has any.
+func peerCPUChart(rows []Result) (*chart, error) {
+	brokers, perBroker, top := peerCPUBars(rows)
+	if len(brokers) == 0 {
+		return nil, nil
+	}
+	leg := plot.NewLegend()
+	leg.TextStyle.Font.Size = vg.Points(10)
+	ch := &chart{legend: &leg, panelWidth: 4.2 * vg.Inch}
+	for bi, br := range brokers {
+		bars := perBroker[br]
+		p := newPanel(br+": CPU per 1,000 events", "", "CPU-s per 1,000 events")
+		var below *plotter.BarChart
+		stacked := make([]*plotter.BarChart, len(peerCPUParts))
+		for k := range peerCPUParts {
+			vals := make(plotter.Values, len(bars))
+			for j, b := range bars {
+				vals[j] = b.parts[k]
+			}
+			bc, err := plotter.NewBarChart(vals, vg.Points(46))
+			if err != nil {
+				return nil, err
+			}
+			bc.Color = plotutil.Color(k)
+			bc.LineStyle.Width = 0
+			if below != nil {
+				bc.StackOn(below)
+			}
+			below, stacked[k] = bc, bc
+			p.Add(bc)
+		}
+		// The legend lists the parts top down, as they are stacked.
+		for k := len(peerCPUParts) - 1; k >= 0 && bi == 0; k-- {
+			leg.Add(peerCPUParts[k].legend, stacked[k])
+		}
+		var (
+			xys    plotter.XYs
+			labels []string
+			names  []string
+		)
+		for j, b := range bars {
+			xys = append(xys, plotter.XY{X: float64(j), Y: b.total()})
+			labels = append(labels, shortValue(b.total()))
+			names = append(names, b.label)
+		}
+		lb, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: labels})
+		if err != nil {
+			return nil, err
+		}
+		for k := range lb.TextStyle {
+			lb.TextStyle[k].Font.Size = vg.Points(8.5)
+			lb.TextStyle[k].XAlign = draw.XCenter
+		}
+		lb.Offset = vg.Point{Y: vg.Points(3)}
+		p.Add(lb)
+		p.NominalX(names...)
+		p.X.Tick.Label.Font.Size = vg.Points(8.5)
+		p.Y.Min, p.Y.Max = 0, top*1.15
+		if top == 0 {
+			p.Y.Max = 1
+		}
+		ch.panels = append(ch.panels, p)
+	}
+	ch.caption = []string{"Where an event's CPU goes, end to end (producers commit a business row and its event; relay or forwarder; worker): CPU seconds per 1,000 events of the pipeline's own process (producers, relay or forwarder, worker or consumers), of the PostgreSQL server (every backend, the whole server: other work on it lands here too) and of the broker's server, measured from the first commit to the last event handled; bars labelled with their total. One run of each pipeline, one after the other, on the same servers."}
+	return ch, nil
+}
+
+// peerRatioLabel is the X label of a peer ratio row's variant v in
+// two short lines: "poll relay" for PeerRatio's rows, "WAL + batched" for
+// PeerWALRatio's, then "÷ <profile>".
+func peerRatioLabel(v string) string {
+	v = strings.TrimSuffix(v, ", end-to-end")
+	switch {
+	case strings.HasPrefix(v, PeerWALRatio):
+		return "WAL + batched\n÷ " + strings.TrimPrefix(v, PeerWALRatio)
+	case strings.HasPrefix(v, PeerRatio):
+		return "poll relay\n÷ " + strings.TrimPrefix(v, PeerRatio)
+	}
+	return v
 }
 
 // failoverFigures are the recovery times the failover chart's bars show.

@@ -39,7 +39,7 @@ func TestChartsOfCommittedRun(t *testing.T) {
 
 	// The peer on every broker (the committed run has it on RabbitMQ
 	// only) and a failover on three: the charts take any set of brokers.
-	syn := Results{Host: res.Host, Started: res.Started}
+	syn := Results{Host: res.Host, Started: res.Started, Results: peerCPURows("kafka", "nats", "rabbitmq", "sqs")}
 	for i, br := range []string{"kafka", "nats", "rabbitmq", "sqs"} {
 		f := float64(i + 1)
 		for _, r := range res.Results {
@@ -84,7 +84,73 @@ func TestChartsOfCommittedRun(t *testing.T) {
 	require.NoError(t, os.MkdirAll(sdir, 0o755))
 	charts, err = writeCharts(sdir, &syn)
 	require.NoError(t, err)
-	require.Equal(t, map[string]string{ScenarioPeer: "peer.svg", ScenarioFailover: "failover.svg"}, charts)
+	require.Equal(t, map[string]string{ScenarioPeer: "peer.svg", PeerCPUChart: PeerCPUChart + ".svg", ScenarioFailover: "failover.svg"}, charts)
+}
+
+// peerCPURows are the end-to-end rows of a peer run on brokers: each
+// pipeline of PeerCPUChart with CPU app, postgres and broker of
+// base+0.1, base+0.2, base+0.3 s per 1,000 events (base: 0 for ferry's
+// polling relay, 1 for its WAL relay, 2 for Watermill tuned), plus
+// Watermill's defaults, which the chart leaves out.
+func peerCPURows(brokers ...string) []Result {
+	var rows []Result
+	for _, br := range brokers {
+		for base, v := range []string{PeerFerryEndToEnd, PeerFerryWALEndToEnd, "watermill tuned, end-to-end", "watermill defaults, end-to-end"} {
+			r := Result{Scenario: ScenarioPeer, Broker: br, Variant: v, Status: statusOK, Messages: 1000, LoadAverage: 3}
+			r.add("throughput", 1000, "events/s")
+			r.add("CPU app", float64(base)+0.1, "s/1k events")
+			r.add("CPU postgres", float64(base)+0.2, "s/1k events")
+			r.add("CPU broker", float64(base)+0.3, "s/1k events")
+			rows = append(rows, r)
+		}
+	}
+	return rows
+}
+
+// The CPU chart of the peer: a panel per broker, in each a bar per
+// pipeline (ferry poll, ferry WAL + batched commits, Watermill tuned; not
+// Watermill's defaults) stacked from own process, PostgreSQL and broker,
+// one legend for all; written as a readable PNG and SVG with the others.
+func TestPeerCPUChart(t *testing.T) {
+	rows := peerCPURows("nats", "rabbitmq")
+	// A broker whose peer did not run end to end has no panel.
+	rows = append(rows, Result{Scenario: ScenarioPeer, Broker: "sqs", Variant: peerRetry, Status: statusOK})
+	brokers, bars, top := peerCPUBars(rows)
+	require.Equal(t, []string{"nats", "rabbitmq"}, brokers)
+	for _, br := range brokers {
+		var labels []string
+		var parts [][]float64
+		for _, b := range bars[br] {
+			labels, parts = append(labels, b.label), append(parts, b.parts)
+		}
+		require.Equal(t, []string{peerCPUPipelines[0].label, peerCPUPipelines[1].label, peerCPUPipelines[2].label}, labels, br)
+		require.Equal(t, [][]float64{{0.1, 0.2, 0.3}, {1.1, 1.2, 1.3}, {2.1, 2.2, 2.3}}, parts, "%s: own, PostgreSQL, broker of ferry poll, ferry WAL, Watermill tuned", br)
+	}
+	require.InDelta(t, 6.6, top, 1e-9)
+	ch, err := peerCPUChart(rows)
+	require.NoError(t, err)
+	require.Len(t, ch.panels, 2)
+	require.NotNil(t, ch.legend)
+	for i, p := range ch.panels {
+		require.Contains(t, p.Title.Text, brokers[i])
+		require.InDelta(t, 6.6*1.15, p.Y.Max, 1e-9, "one Y axis for every panel")
+	}
+	none, err := peerCPUChart([]Result{{Scenario: ScenarioPeer, Broker: "nats", Variant: peerRetry}})
+	require.NoError(t, err)
+	require.Nil(t, none)
+
+	dir := t.TempDir()
+	charts, err := writeCharts(dir, &Results{Host: Host{Cores: 2, CPU: "test"}, Results: rows})
+	require.NoError(t, err)
+	require.Equal(t, PeerCPUChart+".svg", charts[PeerCPUChart])
+	for _, ext := range []string{".svg", ".png"} {
+		fi, err := os.Stat(filepath.Join(dir, PeerCPUChart+ext))
+		require.NoError(t, err)
+		require.Greater(t, fi.Size(), int64(5000), ext)
+	}
+	var md strings.Builder
+	WriteMarkdown(&md, &Results{Results: rows}, charts)
+	require.Contains(t, md.String(), "![peer-cpu](peer-cpu.svg)")
 }
 
 func TestChartTicksAndLabels(t *testing.T) {
@@ -107,4 +173,12 @@ func TestChartTicksAndLabels(t *testing.T) {
 	require.Equal(t, "100,895", shortValue(100895.15))
 	require.Equal(t, "0", shortValue(math.Copysign(0, -1)))
 	require.Equal(t, []string{"aaa bbb", "ccc"}, wrap("aaa bbb ccc", 8))
+}
+
+// The peer chart's groups are named short, on two lines, per ferry
+// relay and Watermill profile.
+func TestPeerRatioLabel(t *testing.T) {
+	require.Equal(t, "poll relay\n÷ tuned", peerRatioLabel(PeerRatio+"tuned"))
+	require.Equal(t, "WAL + batched\n÷ defaults", peerRatioLabel(PeerWALRatio+"defaults"))
+	require.Equal(t, "tuned", peerRatioLabel("tuned, end-to-end"))
 }

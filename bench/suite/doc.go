@@ -20,10 +20,19 @@
 // with SIGKILL, and restarts the broker through Config.RestartBroker.
 // failover, run only when named (not in BuiltScenarios), takes each
 // broker's cluster from Target.Cluster and kills the node that leads the
-// work queue (see Cluster).
+// work queue (see Cluster). soak, run only when named too, runs the
+// faults scenario's children for Config.SoakDuration with a fault every
+// Config.SoakFaultEvery and prints a SoakRow per fault (the children
+// report their heap and goroutines in ChildConfig.StatsFile), then each
+// series' flatness; it fails on an event lost or an effect applied twice.
 //
 // At the end Run records what each adapter declares (broker.Capabilities)
 // and each server's processes and resident memory, read from /proc.
+//
+// Every scenario's relay is the polling relay with one worker transaction
+// per message, except the second run of end-to-end and of peer
+// (VariantWALBatch: the WAL relay and batched worker commits); each
+// Result's RelayMode says which.
 //
 // Elsewhere the relay and the worker run inside the calling process, each with its
 // own database pool and broker connection; every scenario run gets a fresh

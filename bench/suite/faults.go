@@ -2,12 +2,14 @@ package suite
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -43,6 +45,63 @@ type ChildConfig struct {
 	// Logger receives the relay's or worker's logs. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// StatsFile, when set, is where the child writes its ChildStats as
+	// JSON every second (written to a temporary file and renamed, so a
+	// reader never sees half of it): the soak scenario reads the heap and
+	// goroutines of its children there. Empty: no stats.
+	StatsFile string
+}
+
+// ChildStats is what a child process reports of itself in
+// ChildConfig.StatsFile.
+type ChildStats struct {
+	// PID is the child's process id: a reader tells a new child's stats
+	// from a killed one's left in the file.
+	PID int `json:"pid"`
+	// HeapInuse is runtime.MemStats.HeapInuse, in bytes.
+	HeapInuse uint64 `json:"heap_inuse"`
+	// Goroutines is runtime.NumGoroutine().
+	Goroutines int `json:"goroutines"`
+	// At is when the figures were read.
+	At time.Time `json:"at"`
+}
+
+// writeStats writes the process's ChildStats to path every second until
+// ctx is done; a failed write is logged once.
+func writeStats(ctx context.Context, path string, log *slog.Logger) {
+	logged := false
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		b, _ := json.Marshal(ChildStats{PID: os.Getpid(), HeapInuse: ms.HeapInuse, Goroutines: runtime.NumGoroutine(), At: time.Now().UTC()})
+		tmp := path + ".tmp"
+		err := os.WriteFile(tmp, b, 0o644)
+		if err == nil {
+			err = os.Rename(tmp, path)
+		}
+		if err != nil && !logged {
+			log.Error("bench: write stats", "file", path, "error", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// readStats reads the ChildStats of process pid from path; ok is false
+// when the file is missing, unreadable or another process's.
+func readStats(path string, pid int) (ChildStats, bool) {
+	var st ChildStats
+	b, err := os.ReadFile(path)
+	if err != nil || json.Unmarshal(b, &st) != nil || st.PID != pid {
+		return ChildStats{}, false
+	}
+	return st, true
 }
 
 // topologyNamed is topology() with the given exchange name: a child
@@ -75,6 +134,11 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = 20
+	}
+	if cfg.StatsFile != "" {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go writeStats(sctx, cfg.StatsFile, cfg.Logger)
 	}
 	db := &database{url: cfg.DatabaseURL}
 	tp := topologyNamed(cfg.Exchange)
@@ -161,9 +225,15 @@ type child struct {
 // spawn starts role as a child process, its output appended to
 // out/faults-<broker>-<role>.log.
 func (r *runner) spawn(ctx context.Context, t Target, role, dbURL, exchange string) (*child, error) {
+	return r.spawnAs(ctx, ScenarioFaults, t, role, dbURL, exchange)
+}
+
+// spawnAs starts role as a child process of scenario, with the extra
+// args, its output appended to out/<scenario>-<broker>-<role>.log.
+func (r *runner) spawnAs(ctx context.Context, scenario string, t Target, role, dbURL, exchange string, extra ...string) (*child, error) {
 	args := []string{"--role", role, "--database-url", dbURL, "--broker", t.Name, "--exchange", exchange, "--workers", strconv.Itoa(r.cfg.Workers)}
-	cmd := r.cfg.Spawn(ctx, args)
-	logf, err := os.OpenFile(filepath.Join(r.cfg.Out, "faults-"+t.Name+"-"+role+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	cmd := r.cfg.Spawn(ctx, append(args, extra...))
+	logf, err := os.OpenFile(filepath.Join(r.cfg.Out, scenario+"-"+t.Name+"-"+role+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("bench: child log: %w", err)
 	}
@@ -203,6 +273,36 @@ type fault struct {
 	err       error
 }
 
+// childRun prepares a run of the relay and the worker as child processes
+// (faults, soak): a database of its own with the duplicates table, and a
+// topology declared on t. The caller closes db and calls r.cleanup with
+// the topology; on error nothing is left to close.
+func (r *runner) childRun(ctx context.Context, t Target) (*database, broker.Topology, error) {
+	db, err := newDatabase(ctx, r.cfg.DatabaseURL)
+	if err != nil {
+		return nil, broker.Topology{}, err
+	}
+	fail := func(err error) (*database, broker.Topology, error) {
+		db.close()
+		return nil, broker.Topology{}, err
+	}
+	if _, err := db.admin.Exec(ctx, duplicatesTable); err != nil {
+		return fail(fmt.Errorf("bench: %w", err))
+	}
+	tp := topology()
+	br, err := openBroker(ctx, t)
+	if err != nil {
+		return fail(err)
+	}
+	err = declare(ctx, br, tp)
+	_ = br.Close()
+	if err != nil {
+		r.cleanup(t, tp)
+		return fail(err)
+	}
+	return db, tp, nil
+}
+
 // faults: producers commit events while the relay and the worker run as
 // child processes; a quarter in, the broker restarts; half-way the relay
 // is killed with SIGKILL and started again; three quarters in, the
@@ -222,25 +322,12 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 		rt = 200
 	}
 	n := min(r.cfg.Messages, 20*rt)
-	db, err := newDatabase(ctx, r.cfg.DatabaseURL)
+	db, tp, err := r.childRun(ctx, t)
 	if err != nil {
 		return nil, err
 	}
 	defer db.close()
-	if _, err := db.admin.Exec(ctx, duplicatesTable); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	tp := topology()
 	defer r.cleanup(t, tp)
-	br, err := t.Open(ctx)
-	if err != nil {
-		return nil, err
-	}
-	err = declare(ctx, br, tp)
-	_ = br.Close()
-	if err != nil {
-		return nil, err
-	}
 	var mu sync.Mutex
 	children := map[string]*child{}
 	for _, role := range []string{RoleRelay, RoleWorker} {
@@ -368,6 +455,10 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	}
 	countAll()
 	err = waitFor(ctx, time.Minute, func() bool { return sent.Load() >= countAll() }, progress)
+	var shortfall string
+	if err != nil && ctx.Err() == nil {
+		shortfall = diagnoseShortfall(ctx, db, t, tp, func() int64 { return sent.Load() }, countAll)
+	}
 	stopSampling()
 	<-sampled
 	b.finish(sent.Load())
@@ -417,7 +508,7 @@ func (r *runner) faults(ctx context.Context, t Target) ([]Result, error) {
 	out.Note = note[:len(note)-2]
 	if err != nil {
 		out.Status = statusFailed
-		out.Note = fmt.Sprintf("%v: %d of %d handled; %s", err, sent.Load(), n, out.Note)
+		out.Note = fmt.Sprintf("%v: %d of %d handled (%s); %s", err, sent.Load(), n, shortfall, out.Note)
 	}
 	return []Result{out}, nil
 }
@@ -458,4 +549,57 @@ func recovery(series []Point, lags []float64, at, slack float64) float64 {
 		return -1
 	}
 	return 0
+}
+
+// shortfallWait is how much longer diagnoseShortfall waits for the events
+// still unhandled, to tell a stall from a loss.
+const shortfallWait = 2 * time.Minute
+
+// diagnoseShortfall says where the events not handled a minute after the
+// producers stopped are, while the relay and the worker still run: rows
+// the relay has not published (outbox rows without processed_at), rows it
+// marked published whose notification was not handled, and the work
+// queue's backlog as the broker tells it (broker.BacklogReporter: Kafka's
+// lag behind the group's committed offsets, RabbitMQ's ready and
+// unacknowledged messages, ...). It then waits up to shortfallWait more
+// and says how many of them were handled meanwhile: all of them is a
+// stall, not a loss; none, with nothing left unpublished and nothing in
+// the broker's backlog, is a loss between the broker's acknowledgement
+// and the worker.
+func diagnoseShortfall(ctx context.Context, db *database, t Target, tp broker.Topology, sent, total func() int64) string {
+	missing := total() - sent()
+	var unpublished, publishedUnhandled int64
+	qerr := db.admin.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE o.processed_at IS NULL),
+		       count(*) FILTER (WHERE o.processed_at IS NOT NULL AND n.status IS DISTINCT FROM 'sent')
+		FROM outbox o
+		LEFT JOIN notifications n ON n.id = (convert_from(o.payload, 'UTF8')::json->>'notification_id')::bigint
+		WHERE o.processed_at IS NULL OR n.status IS DISTINCT FROM 'sent'`).Scan(&unpublished, &publishedUnhandled)
+	msg := fmt.Sprintf("%d not handled: ", missing)
+	if qerr != nil {
+		msg += fmt.Sprintf("outbox not read: %v", qerr)
+	} else {
+		msg += fmt.Sprintf("%d not published by the relay, %d published and not handled", unpublished, publishedUnhandled)
+	}
+	if br, err := t.Open(ctx); err == nil {
+		if bl, ok := br.(broker.BacklogReporter); ok {
+			if err := br.Declare(ctx, tp); err == nil {
+				if b, err := bl.Backlog(ctx, tp.Queues[0].Name); err == nil {
+					msg += fmt.Sprintf(", broker backlog %d messages (oldest %s)", b.Messages, FormatSeconds(b.OldestAge.Seconds()))
+				} else {
+					msg += fmt.Sprintf(", broker backlog not read: %v", err)
+				}
+			}
+		}
+		_ = br.Close()
+	}
+	began, before := time.Now(), sent()
+	_ = waitFor(ctx, shortfallWait, func() bool { return sent() >= total() }, nil)
+	late := sent() - before
+	switch {
+	case late >= missing:
+		return msg + fmt.Sprintf("; all %d handled %s later: a stall, not a loss", missing, FormatSeconds(time.Since(began).Seconds()))
+	default:
+		return msg + fmt.Sprintf("; %d of them handled in the %s after", late, FormatSeconds(shortfallWait.Seconds()))
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // Watermill profiles of the peer module (bench/watermill): its defaults
@@ -24,24 +27,54 @@ var peerProfiles = []string{"defaults", "tuned"}
 var PeerBrokers = []string{"rabbitmq", "kafka", "nats", "sqs"}
 
 // Variants of the peer scenario's rows, per broker: ferry's own figures
-// (PeerFerry...), Watermill's per profile ("watermill <profile>, ..."),
-// and the ratios (PeerRatio + profile), the row a chart of ferry ÷
-// Watermill per broker reads.
+// (PeerFerry...: the polling relay with one worker transaction per
+// message, and PeerFerryWALEndToEnd, the WAL relay with batched worker
+// commits, VariantWALBatch), Watermill's per profile ("watermill
+// <profile>, ..."), and the ratios of each ferry variant to each profile
+// (PeerRatio + profile for the polling relay, PeerWALRatio + profile for
+// the WAL relay), the rows a chart of ferry ÷ Watermill per broker reads.
 const (
-	PeerFerryEndToEnd = "ferry, end-to-end"
-	PeerRatio         = "ferry ÷ watermill "
-	peerRetry         = "retry after 1 s"
+	PeerFerryEndToEnd    = "ferry, end-to-end"
+	PeerFerryWALEndToEnd = "ferry " + VariantWALBatch + ", end-to-end"
+	PeerRatio            = "ferry ÷ watermill "
+	PeerWALRatio         = "ferry " + VariantWALBatch + " ÷ watermill "
+	peerRetry            = "retry after 1 s"
 )
 
 // Figures of the PeerRatio rows: ferry's figure divided by Watermill's,
 // measured side by side in one peer scenario run. Above 1 ferry is
 // ahead in throughput; below 1 it is ahead in CPU and p99. The p99
 // figures are named per rate ("ferry/watermill p99 200/s").
+// PeerPostgresCPURatio is PostgreSQL's CPU per event (the whole
+// server's, "CPU postgres") under ferry divided by the same under
+// Watermill. The PeerWALRatio rows have no p99 figures: the peer measures
+// latency with the polling relay only.
 const (
-	PeerThroughputRatio = "ferry/watermill throughput"
-	PeerCPURatio        = "ferry/watermill CPU"
-	PeerP99Ratio        = "ferry/watermill p99"
+	PeerThroughputRatio  = "ferry/watermill throughput"
+	PeerCPURatio         = "ferry/watermill CPU"
+	PeerPostgresCPURatio = "ferry/watermill CPU postgres"
+	PeerP99Ratio         = "ferry/watermill p99"
 )
+
+// peerE2EFigures are the figures of the peer's end-to-end rows, ferry's
+// and Watermill's alike: throughput (events/s), CPU per 1,000 events of
+// the pipeline's own process ("CPU app"; ferry's "CPU ferry"), of
+// PostgreSQL, of the broker and of all three (s), WAL bytes per event and
+// commits per event.
+var peerE2EFigures = []string{"throughput", "CPU ferry", "CPU postgres", "CPU broker", "CPU all", "WAL", "commits"}
+
+// peerWatermillFigures maps the Watermill benchmark's metric units
+// (runcost.Cost.Metrics, measured inside its BenchmarkEndToEnd from the
+// first commit to the last event handled, per profile) to the peer's
+// figure names and units; "<broker>-cpu-s/1k" is "CPU broker".
+var peerWatermillFigures = []struct{ unit, name, figUnit string }{
+	{"app-cpu-s/1k", "CPU app", "s/1k events"},
+	{"postgres-cpu-s/1k", "CPU postgres", "s/1k events"},
+	{"<broker>-cpu-s/1k", "CPU broker", "s/1k events"},
+	{"all-cpu-s/1k", "CPU all", "s/1k events"},
+	{"wal-B/event", "WAL", "B/event"},
+	{"commits/event", "commits", "/event"},
+}
 
 // peerRetryNotes says, per broker, what Watermill's Pub/Sub offers for
 // the retry scenario's need, a per-message delayed redelivery (1 s
@@ -81,13 +114,26 @@ func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
 	n := r.cfg.Messages
 	var out []Result
 
-	// End to end: ferry, then Watermill (both profiles).
-	fe, err := r.endToEnd(ctx, t)
+	// End to end: ferry (polling relay, then WAL relay with batched
+	// commits), then Watermill (both profiles).
+	fe, err := r.endToEndRun(ctx, t, ferryPoll)
 	if err != nil {
 		return nil, fmt.Errorf("ferry end-to-end: %w", err)
 	}
-	ferryE2E := peerFerryRow(fe[0], PeerFerryEndToEnd, "throughput", "CPU ferry", "CPU postgres", "CPU broker", "CPU all")
+	ferryE2E := peerFerryRow(fe, PeerFerryEndToEnd, peerE2EFigures...)
 	out = append(out, ferryE2E)
+	fw, err := r.endToEndRun(ctx, t, ferryWALBatch)
+	var ferryWAL Result
+	switch {
+	case errors.Is(err, outbox.ErrWALUnavailable):
+		// No WAL rows nor ratios on a server without logical replication.
+		out = append(out, Result{Variant: PeerFerryWALEndToEnd, RelayMode: ferryWALBatch.mode, Status: statusUnsupported, Note: err.Error()})
+	case err != nil:
+		return out, fmt.Errorf("ferry end-to-end, %s: %w", VariantWALBatch, err)
+	default:
+		ferryWAL = peerFerryRow(fw, PeerFerryWALEndToEnd, peerE2EFigures...)
+		out = append(out, ferryWAL)
+	}
 	b := r.newBar("peer watermill "+t.Name+" end-to-end", 1)
 	e2e, err := r.goBench(ctx, bin, "^BenchmarkEndToEnd$/^"+t.Name+"$", append(env, "FERRY_BENCH_EVENTS="+strconv.Itoa(n)))
 	if err != nil {
@@ -100,17 +146,9 @@ func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
 		if !ok {
 			return out, fmt.Errorf("watermill: no BenchmarkEndToEnd/%s/%s line", t.Name, p)
 		}
-		res := Result{Variant: "watermill " + p + ", end-to-end", Messages: n}
+		res := watermillE2ERow(t.Name, p, n, m)
 		if r.cfg.Rate > 0 {
 			res.Note = "producers flat out (--rate applies to ferry only)"
-		}
-		res.add("throughput", m["e2e-events/s"], "events/s")
-		for _, c := range []struct{ unit, name string }{
-			{"app-cpu-s/1k", "CPU app"}, {"postgres-cpu-s/1k", "CPU postgres"}, {t.Name + "-cpu-s/1k", "CPU broker"}, {"all-cpu-s/1k", "CPU all"},
-		} {
-			if v, ok := m[c.unit]; ok {
-				res.add(c.name, v, "s/1k events")
-			}
 		}
 		wmE2E[p] = res
 		out = append(out, res)
@@ -146,7 +184,7 @@ func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
 			if !ok {
 				return out, fmt.Errorf("watermill: no BenchmarkLatency/%s/%s/rate=%d line", t.Name, p, rt)
 			}
-			res := Result{Variant: fmt.Sprintf("watermill %s, %d/s", p, rt), Messages: events}
+			res := Result{Variant: fmt.Sprintf("watermill %s, %d/s", p, rt), RelayMode: RelayModeWatermill, Messages: events}
 			res.add("p50", m["p50-ms"], "ms")
 			res.add("p99", m["p99-ms"], "ms")
 			res.add("max", m["max-ms"], "ms")
@@ -161,39 +199,68 @@ func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
 		}
 	}
 
-	// The ratios, one row per profile.
+	// The ratios, one row per ferry variant and profile.
 	for _, p := range peerProfiles {
-		res := Result{Variant: PeerRatio + p, Messages: n,
-			Note: "each pair measured one after the other; CPU of all processes (own, PostgreSQL, broker)"}
-		wm := wmE2E[p]
-		if f, ok := ferryE2E.figure("throughput"); ok {
-			if w, ok := wm.figure("throughput"); ok && w > 0 {
-				res.add(PeerThroughputRatio, f/w, "")
-			}
+		out = append(out, peerRatioRow(PeerRatio+p, ferryE2E, wmE2E[p], rates, ferryP99, wmP99[p]))
+	}
+	for _, p := range peerProfiles {
+		if ferryWAL.Variant != "" {
+			out = append(out, peerRatioRow(PeerWALRatio+p, ferryWAL, wmE2E[p], nil, nil, nil))
 		}
-		if f, ok := ferryE2E.figure("CPU all"); ok {
-			if w, ok := wm.figure("CPU all"); ok && w > 0 {
-				res.add(PeerCPURatio, f/w, "")
-			}
-		}
-		for _, rt := range rates {
-			if w := wmP99[p][rt]; w > 0 && ferryP99[rt] > 0 {
-				res.add(fmt.Sprintf("%s %d/s", PeerP99Ratio, rt), ferryP99[rt]/w, "")
-			}
-		}
-		out = append(out, res)
 	}
 	if rn, ok := peerRetryNotes[t.Name]; ok {
-		out = append(out, Result{Variant: peerRetry, Status: rn.status, Note: rn.note})
+		out = append(out, Result{Variant: peerRetry, RelayMode: RelayModeWatermill, Status: rn.status, Note: rn.note})
 	}
 	return out, nil
 }
 
+// watermillE2ERow is the peer's row of Watermill's end-to-end run on
+// broker with profile, of n events, from the metrics m of its
+// BenchmarkEndToEnd line (peerWatermillFigures; a metric missing from m
+// is left out).
+func watermillE2ERow(broker, profile string, n int, m map[string]float64) Result {
+	res := Result{Variant: "watermill " + profile + ", end-to-end", RelayMode: RelayModeWatermill, Messages: n}
+	if v, ok := m["e2e-events/s"]; ok {
+		res.add("throughput", v, "events/s")
+	}
+	for _, c := range peerWatermillFigures {
+		if v, ok := m[strings.Replace(c.unit, "<broker>", broker, 1)]; ok {
+			res.add(c.name, v, c.figUnit)
+		}
+	}
+	return res
+}
+
+// peerRatioRow is the ratio row variant of ferry's end-to-end row fe to
+// Watermill's wm: throughput, CPU of all processes and PostgreSQL's CPU,
+// ferry's over Watermill's, and the p99 at each of rates where both
+// ferryP99 and wmP99 have it (ms). A figure either side lacks (or a
+// Watermill figure of 0) is left out. Its RelayMode is fe's.
+func peerRatioRow(variant string, fe, wm Result, rates []int, ferryP99, wmP99 map[int]float64) Result {
+	res := Result{Variant: variant, RelayMode: fe.RelayMode, Messages: fe.Messages,
+		Note: "each pair measured one after the other; CPU of all processes (own, PostgreSQL, broker)"}
+	for _, c := range []struct{ fig, ratio string }{
+		{"throughput", PeerThroughputRatio}, {"CPU all", PeerCPURatio}, {"CPU postgres", PeerPostgresCPURatio},
+	} {
+		if f, ok := fe.figure(c.fig); ok {
+			if w, ok := wm.figure(c.fig); ok && w > 0 {
+				res.add(c.ratio, f/w, "")
+			}
+		}
+	}
+	for _, rt := range rates {
+		if w := wmP99[rt]; w > 0 && ferryP99[rt] > 0 {
+			res.add(fmt.Sprintf("%s %d/s", PeerP99Ratio, rt), ferryP99[rt]/w, "")
+		}
+	}
+	return res
+}
+
 // peerFerryRow is ferry's result res of this peer run under variant,
 // with only the named figures ("CPU ferry" renamed "CPU app", the
-// column of Watermill's own process).
+// column of Watermill's own process) and res's RelayMode.
 func peerFerryRow(res Result, variant string, names ...string) Result {
-	row := Result{Variant: variant, Messages: res.Messages, Seconds: res.Seconds, Note: res.Note}
+	row := Result{Variant: variant, RelayMode: res.RelayMode, Messages: res.Messages, Seconds: res.Seconds, Note: res.Note}
 	for _, name := range names {
 		for _, f := range res.Figures {
 			if f.Name == name {

@@ -56,6 +56,15 @@ type parts struct {
 	onHandled     func(*broker.Message) // see dbHandler
 	policy        worker.RetryPolicy
 	onOutcome     func(*broker.Message, worker.Outcome)
+	// mode is the relay's outbox.RelayConfig.Mode (default
+	// outbox.RelayModePoll); with outbox.RelayModeWAL startPipeline
+	// creates the database's slot before the relay runs, so every row
+	// inserted after it returns is in the slot's stream.
+	mode string
+	// batch and linger are the worker's Config.BatchSize and BatchLinger
+	// (0: the worker's defaults, one message per transaction).
+	batch  int
+	linger time.Duration
 }
 
 // startPipeline starts the parts of pt on db and the broker of t with
@@ -68,7 +77,7 @@ func startPipeline(ctx context.Context, t Target, db *database, tp broker.Topolo
 		return nil, err
 	}
 	open := func(conns int) (broker.Broker, *pgxpool.Pool, error) {
-		br, err := t.Open(ctx)
+		br, err := openBroker(ctx, t)
 		if err != nil {
 			return nil, nil, fmt.Errorf("bench: %s: %w", t.Name, err)
 		}
@@ -88,12 +97,21 @@ func startPipeline(ctx context.Context, t Target, db *database, tp broker.Topolo
 		if err != nil {
 			return fail(err)
 		}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{
+		cfg := outbox.RelayConfig{
 			Pool: pool, Broker: br, BatchSize: relayBatch, Concurrency: relayConcurrency, Retention: -1, Logger: log,
 			OnBatch: func(st outbox.BatchStats) { p.published.Add(int64(st.Published)) },
-		})
+		}
+		if pt.mode == outbox.RelayModeWAL {
+			cfg.Mode, cfg.Slot = outbox.RelayModeWAL, db.slot
+		}
+		relay, err := outbox.NewRelay(cfg)
 		if err != nil {
 			return fail(err)
+		}
+		if pt.mode == outbox.RelayModeWAL {
+			if err := relay.EnsureSlot(ctx); err != nil {
+				return fail(fmt.Errorf("bench: WAL relay: %w", err))
+			}
 		}
 		runs = append(runs, relay.Run)
 	}
@@ -110,6 +128,7 @@ func startPipeline(ctx context.Context, t Target, db *database, tp broker.Topolo
 		w, err := worker.New(worker.Config{
 			Consumer: "bench", Queue: tp.Queues[0].Name, Topology: tp, Pool: pool, Broker: br, Handler: h,
 			Concurrency: workers, Policy: pt.policy, Logger: log, ShutdownTimeout: 5 * time.Second,
+			BatchSize: pt.batch, BatchLinger: pt.linger,
 			OnOutcome: func(m *broker.Message, o worker.Outcome, _ time.Duration) {
 				switch o {
 				case worker.OutcomeAck:
@@ -207,13 +226,42 @@ func (f levelFilter) WithGroup(name string) slog.Handler {
 	return levelFilter{h: f.h.WithGroup(name), min: f.min}
 }
 
-// declare declares tp, trying up to three times half a second apart: a
-// JetStream server has been seen to refuse a stream's creation once
-// ("error creating store for stream") and accept it right after.
-func declare(ctx context.Context, br broker.Broker, tp broker.Topology) error {
-	var err error
-	for try := 0; try < 3; try++ {
-		if err = br.Declare(ctx, tp); err == nil || errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) {
+// Opening and declaring wait out a broker that is not ready yet: a
+// JetStream cluster whose meta group is electing a leader (4-9 s in
+// nats-server, and a loaded machine, whose servers miss Raft heartbeats,
+// makes elections of its own, e.g. right after a cluster started) refuses
+// every API request at once with err_code 10008 "JetStream system
+// temporarily unavailable" and never answers one sent just before; a
+// JetStream server has also been seen to refuse a stream's creation once
+// ("error creating store for stream") and accept it right after. Three
+// tries half a second apart gave up within the election (ferry bench's
+// failover scenario failed at its start on a loaded machine).
+const (
+	// settleTimeout bounds the whole wait: several elections.
+	settleTimeout = time.Minute
+	// settleAttempt bounds one attempt, so that a request the old leader
+	// will never answer is given up and sent again after the election.
+	settleAttempt = 10 * time.Second
+)
+
+// settled reports whether err ends the wait: nil, or an error that no
+// election or restart changes (a refused login, a bad configuration, a
+// topology the broker cannot hold or holds otherwise).
+func settled(err error) bool {
+	return err == nil || errors.Is(err, broker.ErrUnsupported) || errors.Is(err, broker.ErrTopologyMismatch) ||
+		errors.Is(err, broker.ErrRefused) || errors.Is(err, broker.ErrInvalidConfig) || errors.Is(err, broker.ErrClosed)
+}
+
+// settle calls f, each call bounded by settleAttempt, until it returns
+// nil or an error that settled accepts, or settleTimeout passed (then the
+// last error), or ctx is done (then ctx's error).
+func settle(ctx context.Context, f func(ctx context.Context) error) error {
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		actx, cancel := context.WithTimeout(ctx, settleAttempt)
+		err := f(actx)
+		cancel()
+		if settled(err) || time.Now().After(deadline) {
 			return err
 		}
 		select {
@@ -222,5 +270,25 @@ func declare(ctx context.Context, br broker.Broker, tp broker.Topology) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	return err
+}
+
+// declare declares tp on br, waiting out a broker that is not ready
+// (settle).
+func declare(ctx context.Context, br broker.Broker, tp broker.Topology) error {
+	return settle(ctx, func(ctx context.Context) error { return br.Declare(ctx, tp) })
+}
+
+// openBroker opens t's adapter, waiting out a broker that is not ready
+// (settle): the NATS adapter, for one, checks JetStream's account info
+// when it connects.
+func openBroker(ctx context.Context, t Target) (broker.Broker, error) {
+	var br broker.Broker
+	err := settle(ctx, func(actx context.Context) error {
+		b, err := t.Open(actx)
+		if err == nil {
+			br = b
+		}
+		return err
+	})
+	return br, err
 }

@@ -130,6 +130,9 @@ func WriteMarkdown(w io.Writer, res *Results, charts map[string]string) {
 		if c, ok := charts[sc]; ok {
 			fmt.Fprintf(w, "\n![%s](%s)\n", sc, c)
 		}
+		if c, ok := charts[PeerCPUChart]; ok && sc == ScenarioPeer {
+			fmt.Fprintf(w, "\n![%s](%s)\n", PeerCPUChart, c)
+		}
 	}
 	var ops strings.Builder
 	writeOps(&ops, res)

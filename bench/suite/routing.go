@@ -82,7 +82,7 @@ func (r *runner) routing(ctx context.Context, t Target) ([]Result, error) {
 	n -= n % len(routingTypes)
 	n = max(n, len(routingTypes))
 	res := Result{Messages: n}
-	br, err := t.Open(ctx)
+	br, err := openBroker(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +324,7 @@ func publishTypes(ctx context.Context, br broker.Broker, n, size int, typ func(i
 // topology of one queue bound exactly to it, through a new adapter of t,
 // and returns the rate (msgs/s).
 func (r *runner) singleQueuePublish(ctx context.Context, t Target, n int) (float64, error) {
-	br, err := t.Open(ctx)
+	br, err := openBroker(ctx, t)
 	if err != nil {
 		return 0, err
 	}

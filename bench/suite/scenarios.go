@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/internal/runcost"
+	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
 
@@ -158,35 +159,107 @@ func (r *runner) pipeline(ctx context.Context, t Target) ([]Result, error) {
 	return []Result{out}, nil
 }
 
+// ferryVariant is one setting of ferry's relay and worker in an
+// end-to-end run.
+type ferryVariant struct {
+	name   string        // Result.Variant in the end-to-end scenario ("" for the default)
+	mode   string        // outbox.RelayConfig.Mode
+	batch  int           // worker.Config.BatchSize (0: one message per transaction)
+	linger time.Duration // worker.Config.BatchLinger
+}
+
+// VariantWALBatch is the end-to-end scenario's Result.Variant of ferry
+// with the WAL relay (outbox.RelayModeWAL) and the worker committing
+// batches of up to WALBatchSize messages (worker.Config.BatchSize, a
+// savepoint per message) cut after WALBatchLinger without a further
+// delivery. The scenario's other row (Variant "") is the polling relay
+// with one transaction per message.
+const VariantWALBatch = "WAL + batched commits"
+
+// The worker's batch in the VariantWALBatch runs: worker.Config.BatchSize
+// and BatchLinger.
+const (
+	WALBatchSize   = 8
+	WALBatchLinger = 2 * time.Millisecond
+)
+
+var (
+	// ferryPoll is ferry as every other scenario runs it: the polling
+	// relay, one worker transaction per message.
+	ferryPoll = ferryVariant{mode: outbox.RelayModePoll}
+	// ferryWALBatch is ferry with the WAL relay and batched worker
+	// commits.
+	ferryWALBatch = ferryVariant{name: VariantWALBatch, mode: outbox.RelayModeWAL, batch: WALBatchSize, linger: WALBatchLinger}
+)
+
+// note says how v differs from ferry's default settings ("" for none).
+func (v ferryVariant) note() string {
+	if v.batch <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("worker BatchSize %d, BatchLinger %s (one transaction per batch, a savepoint per message)", v.batch, v.linger)
+}
+
 // endToEnd: producers commit business row + outbox event while the relay
 // and the worker run; throughput and CPU per 1,000 events of ferry,
-// PostgreSQL and the broker.
+// PostgreSQL and the broker, WAL bytes and commits per event. Two runs,
+// one after the other: the polling relay with one worker transaction per
+// message, then the WAL relay with batched worker commits
+// (VariantWALBatch; "not supported" on a server that cannot stream its
+// WAL, outbox.ErrWALUnavailable).
 func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
+	var out []Result
+	for _, v := range []ferryVariant{ferryPoll, ferryWALBatch} {
+		res, err := r.endToEndRun(ctx, t, v)
+		if errors.Is(err, outbox.ErrWALUnavailable) {
+			// A server without logical replication: a fact of the
+			// server, not a failure of ferry.
+			out = append(out, Result{Variant: v.name, RelayMode: v.mode, Status: statusUnsupported, Note: err.Error()})
+			continue
+		}
+		if err != nil {
+			if v.name != "" {
+				err = fmt.Errorf("%s: %w", v.name, err)
+			}
+			return out, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// endToEndRun is one end-to-end run of ferry set up as v.
+func (r *runner) endToEndRun(ctx context.Context, t Target, v ferryVariant) (Result, error) {
 	n := r.cfg.Messages
 	db, err := newDatabase(ctx, r.cfg.DatabaseURL)
 	if err != nil {
-		return nil, err
+		return Result{}, err
 	}
 	defer db.close()
 	tp := topology()
 	defer r.cleanup(t, tp)
-	p, err := startPipeline(ctx, t, db, tp, parts{relay: true, worker: true, workers: r.cfg.Workers}, r.log)
+	p, err := startPipeline(ctx, t, db, tp, parts{relay: true, worker: true, workers: r.cfg.Workers,
+		mode: v.mode, batch: v.batch, linger: v.linger}, r.log)
 	if err != nil {
-		return nil, err
+		return Result{}, err
 	}
 	defer p.stop()
 	pool, err := db.pool(ctx, producers)
 	if err != nil {
-		return nil, err
+		return Result{}, err
 	}
 	defer pool.Close()
 
 	procs, note := r.processes(ctx, db, t)
 	meter, err := startMeter(ctx, db.admin, procs)
 	if err != nil {
-		return nil, err
+		return Result{}, err
 	}
-	b := r.newBar("end-to-end "+t.Name, n)
+	label := "end-to-end " + t.Name
+	if v.name != "" {
+		label += " " + v.name
+	}
+	b := r.newBar(label, n)
 	start := time.Now()
 	prodErr := make(chan error, 1)
 	var produceTime time.Duration
@@ -199,23 +272,25 @@ func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
 	elapsed := time.Since(start)
 	b.finish(p.acked.Load())
 	if perr := <-prodErr; perr != nil {
-		return nil, perr
+		return Result{}, perr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %d of %d handled", err, p.acked.Load(), n)
+		return Result{}, fmt.Errorf("%w: %d of %d handled", err, p.acked.Load(), n)
 	}
 	if err := p.stop(); err != nil {
-		return nil, err
+		return Result{}, err
 	}
 	pool.Close()
 	cost, err := meter.stop(ctx, db.admin)
 	if err != nil {
-		return nil, err
+		return Result{}, err
 	}
-	if meter.note != "" {
-		note = strings.TrimPrefix(note+"; "+meter.note, "; ")
+	for _, s := range []string{v.note(), meter.note} {
+		if s != "" {
+			note = strings.TrimPrefix(note+"; "+s, "; ")
+		}
 	}
-	out := Result{Messages: n, Seconds: elapsed.Seconds(), Note: note}
+	out := Result{Variant: v.name, RelayMode: v.mode, Messages: n, Seconds: elapsed.Seconds(), Note: note}
 	out.add("throughput", rate(n, elapsed), "events/s")
 	out.add("produced", rate(n, produceTime), "events/s")
 	out.add("duplicates", float64(p.dups.Load()), "")
@@ -225,8 +300,8 @@ func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
 	}
 	per := CPUPerThousand(shares, n)
 	for _, s := range shares {
-		if v, ok := per[s.Name]; ok {
-			out.add("CPU "+s.Name, v, "s/1k events")
+		if pv, ok := per[s.Name]; ok {
+			out.add("CPU "+s.Name, pv, "s/1k events")
 			delete(per, s.Name)
 		}
 	}
@@ -235,7 +310,7 @@ func (r *runner) endToEnd(ctx context.Context, t Target) ([]Result, error) {
 		out.add("WAL", float64(cost.WALBytes)/float64(n), "B/event")
 		out.add("commits", float64(cost.Commits)/float64(n), "/event")
 	}
-	return []Result{out}, nil
+	return out, nil
 }
 
 // processes are the process trees whose CPU end-to-end measures: this
@@ -416,7 +491,7 @@ func (r *runner) orderingRun(ctx context.Context, t Target, n, workers int, orde
 		variant += ", ordered"
 	}
 	res := Result{Variant: variant, Messages: n}
-	br, err := t.Open(ctx)
+	br, err := openBroker(ctx, t)
 	if err != nil {
 		return res, err
 	}
@@ -625,7 +700,7 @@ func countPoison(n int, isPoison func(int64) bool) int {
 
 // replay: can consumed history be read again, and how fast.
 func (r *runner) replay(ctx context.Context, t Target) ([]Result, error) {
-	br, err := t.Open(ctx)
+	br, err := openBroker(ctx, t)
 	if err != nil {
 		return nil, err
 	}

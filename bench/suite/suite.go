@@ -29,6 +29,7 @@ const (
 	ScenarioReplay    = "replay"
 	ScenarioPeer      = "peer"
 	ScenarioFailover  = "failover"
+	ScenarioSoak      = "soak"
 	statusOK          = "ok"
 	statusUnsupported = "not supported"
 	statusFailed      = "failed"
@@ -36,12 +37,13 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRouting, ScenarioRetry, ScenarioReplay, ScenarioPeer, ScenarioFailover}
+var Scenarios = []string{ScenarioRaw, ScenarioPipeline, ScenarioEndToEnd, ScenarioLatency, ScenarioFaults, ScenarioOrdering, ScenarioRouting, ScenarioRetry, ScenarioReplay, ScenarioPeer, ScenarioFailover, ScenarioSoak}
 
 // BuiltScenarios are the scenarios Run measures by default (the default
 // of Config.Scenarios): every scenario but failover, which starts a
-// 3-node cluster per broker and runs only when asked for.
-var BuiltScenarios = slices.DeleteFunc(slices.Clone(Scenarios), func(s string) bool { return s == ScenarioFailover })
+// 3-node cluster per broker, and soak, which runs for an hour by default;
+// both run only when asked for.
+var BuiltScenarios = slices.DeleteFunc(slices.Clone(Scenarios), func(s string) bool { return s == ScenarioFailover || s == ScenarioSoak })
 
 // ErrConfig is wrapped by the errors of Config.validate: a bad flag.
 var ErrConfig = errors.New("bench: invalid configuration")
@@ -135,6 +137,14 @@ type Config struct {
 	// Database describes the PostgreSQL server in the report (e.g.
 	// "embedded PostgreSQL 18"). Defaults to "PostgreSQL".
 	Database string
+	// SoakDuration is how long the soak scenario's producers commit at
+	// Rate (--soak-duration). Defaults to an hour.
+	SoakDuration time.Duration
+	// SoakFaultEvery is the time between two of the soak scenario's
+	// faults (--soak-fault-every), which cycle through a SIGKILL of the
+	// relay, a SIGKILL of the worker and RestartBroker (when set).
+	// Defaults to 3 minutes.
+	SoakFaultEvery time.Duration
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -173,6 +183,16 @@ func (c *Config) withDefaults() (Config, error) {
 		return bad("rate %d: must not be negative (0: flat out)", cfg.Rate)
 	case cfg.Workers < 0:
 		return bad("workers %d: must be positive", cfg.Workers)
+	case cfg.SoakDuration < 0:
+		return bad("soak duration %v: must be positive", cfg.SoakDuration)
+	case cfg.SoakFaultEvery < 0:
+		return bad("soak fault interval %v: must be positive", cfg.SoakFaultEvery)
+	}
+	if cfg.SoakDuration == 0 {
+		cfg.SoakDuration = time.Hour
+	}
+	if cfg.SoakFaultEvery == 0 {
+		cfg.SoakFaultEvery = 3 * time.Minute
 	}
 	if cfg.Messages == 0 {
 		cfg.Messages = 20000
@@ -214,10 +234,12 @@ type Result struct {
 	Scenario string `json:"scenario"`
 	Broker   string `json:"broker"`
 	// RelayMode is the outbox relay's mode the result was measured with
-	// (outbox.RelayConfig.Mode): "poll" for every scenario of this suite
-	// (RelayMode); the WAL relay's figures, side by side with the polling
-	// relay's, come from the Go benchmarks (bench/README.md, "Polling and
-	// WAL relays").
+	// (outbox.RelayConfig.Mode): "poll" (RelayMode) for every scenario's
+	// rows but end-to-end's and peer's VariantWALBatch rows (and the
+	// ratios of those), which are "wal", and the peer's Watermill rows,
+	// RelayModeWatermill (no ferry relay in them). More WAL relay figures,
+	// side by side with the polling relay's, come from the Go benchmarks
+	// (bench/README.md, "Polling and WAL relays").
 	RelayMode string `json:"relay_mode"`
 	// Variant distinguishes several runs of a scenario on one broker, e.g.
 	// "200/s" or "4 workers, ordered".
@@ -234,6 +256,9 @@ type Result struct {
 	// (pipeline), the events handled over time (faults), the latency CDF
 	// (latency), the backlog around the kill (failover).
 	Series []Point `json:"series,omitempty"`
+	// Soak are the soak scenario's rows: the pipeline's processes and
+	// tables at the start, at each fault and at the end.
+	Soak []SoakRow `json:"soak,omitempty"`
 	// LoadAverage is the machine's 1-minute load average at the end of
 	// the run (/proc/loadavg; 0: not read): how busy the (possibly
 	// shared) machine was while it ran. The charts' captions quote it.
@@ -317,6 +342,9 @@ func Run(ctx context.Context, c Config) (*Results, error) {
 			"relay_batch": relayBatch, "relay_concurrency": relayConcurrency, "producers": producers,
 		},
 	}
+	if slices.Contains(cfg.Scenarios, ScenarioSoak) {
+		res.Settings["soak_duration"], res.Settings["soak_fault_every"] = cfg.SoakDuration.String(), cfg.SoakFaultEvery.String()
+	}
 	if v, err := postgresVersion(ctx, cfg.DatabaseURL); err != nil {
 		return nil, err
 	} else {
@@ -383,6 +411,8 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		out, err = r.peer(ctx, t)
 	case ScenarioFailover:
 		out, err = r.failover(ctx, t)
+	case ScenarioSoak:
+		out, err = r.soak(ctx, t)
 	default:
 		out = []Result{{Scenario: sc, Broker: t.Name, Status: statusNotBuilt, Note: "not built yet; see bench/README.md"}}
 	}
@@ -391,7 +421,10 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 		fmt.Fprintf(r.cfg.Progress, "ferry bench: %s failed: %v\n", label, err)
 	}
 	for i := range out {
-		out[i].Scenario, out[i].Broker, out[i].RelayMode = sc, t.Name, RelayMode
+		out[i].Scenario, out[i].Broker = sc, t.Name
+		if out[i].RelayMode == "" {
+			out[i].RelayMode = RelayMode
+		}
 		if out[i].Status == "" {
 			out[i].Status = statusOK
 		}
@@ -404,8 +437,14 @@ func (r *runner) runScenario(ctx context.Context, sc string, t Target) []Result 
 	return out
 }
 
-// RelayMode is the relay mode of every scenario's relay (Result.RelayMode).
+// RelayMode is the relay mode of every scenario's relay
+// (Result.RelayMode) unless its result names another: the polling relay.
 const RelayMode = outbox.RelayModePoll
+
+// RelayModeWatermill is the Result.RelayMode of the peer scenario's
+// Watermill rows: Watermill's SQL subscriber forwards the rows, no ferry
+// relay runs.
+const RelayModeWatermill = "watermill"
 
 // summaryLine is one result in one line, for the progress output.
 func summaryLine(r Result) string {

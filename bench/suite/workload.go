@@ -76,7 +76,10 @@ func uniqueName(prefix string) string {
 type database struct {
 	admin *pgxpool.Pool // a small pool on the database itself
 	url   string
-	drop  func()
+	// slot is the replication slot (and publication) of a WAL relay on
+	// the database (outbox.DefaultSlotName of its name); close drops it.
+	slot string
+	drop func()
 }
 
 // newDatabase creates database name on the server of serverURL, migrates
@@ -96,7 +99,7 @@ func newDatabase(ctx context.Context, serverURL string) (*database, error) {
 		return nil, fmt.Errorf("bench: database URL: %w", err)
 	}
 	u.Path = "/" + name
-	db := &database{url: u.String()}
+	db := &database{url: u.String(), slot: outbox.DefaultSlotName(name)}
 	db.drop = func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -105,7 +108,19 @@ func newDatabase(ctx context.Context, serverURL string) (*database, error) {
 			return
 		}
 		defer c.Close(dctx)
-		_, _ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		// A logical replication slot (a WAL relay's) keeps its database
+		// from being dropped (WITH (FORCE) too) and the server's WAL from
+		// being recycled: end its stream, drop it, then the database,
+		// again until it is gone (a stream that is ending holds its
+		// slot for a moment).
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			_, _ = c.Exec(dctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
+			_, _ = c.Exec(dctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, name)
+			_, err := c.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			if err == nil || time.Now().After(deadline) || dctx.Err() != nil {
+				return
+			}
+		}
 	}
 	if db.admin, err = db.pool(ctx, 2); err != nil {
 		db.drop()

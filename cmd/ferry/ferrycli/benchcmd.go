@@ -42,6 +42,9 @@ const (
 	flagKafkaClusterBroker = "kafka-cluster-brokers"
 	flagNATSClusterURL     = "nats-cluster-url"
 	flagSQSDelay           = "sqs-latency"
+	flagStatsFile          = "stats-file"
+	flagSoakDuration       = "soak-duration"
+	flagSoakFaultEvery     = "soak-fault-every"
 )
 
 // defaultClusterScript is --cluster-script's default when the current
@@ -77,6 +80,7 @@ func benchChildCommand() *cli.Command {
 			&cli.StringFlag{Name: flagBroker, Required: true, Usage: "broker name"},
 			&cli.StringFlag{Name: flagExchange, Required: true, Usage: "the scenario's exchange"},
 			&cli.IntFlag{Name: flagWorkers, Value: 20, Usage: "worker concurrency"},
+			&cli.StringFlag{Name: flagStatsFile, Usage: "file the child writes its heap in use and goroutines to every second, as JSON (the soak scenario)"},
 		}, logFlags("warn")),
 		Action: func(c *cli.Context) error {
 			log, err := newLogger(c, "warn")
@@ -90,7 +94,7 @@ func benchChildCommand() *cli.Command {
 			opts := benchBrokerOptions(c, log)
 			return suite.RunChild(c.Context, suite.ChildConfig{
 				Role: c.String(flagRole), DatabaseURL: c.String(flagDatabaseURL), Exchange: c.String(flagExchange),
-				Workers: c.Int(flagWorkers), Logger: log,
+				Workers: c.Int(flagWorkers), Logger: log, StatsFile: c.String(flagStatsFile),
 				Open: func(ctx context.Context) (broker.Broker, error) { return f(ctx, opts) },
 			})
 		},
@@ -142,7 +146,7 @@ func (o BrokerOptions) brokerArgs() []string {
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer (every broker, beside ferry), failover on a 3-node cluster; writes results.json, results.md and charts",
+		Usage: "benchmark the same workload on every broker: raw baseline, pipeline, end to end, latency, faults, ordering, routing, retry, replay, Watermill peer (every broker, beside ferry), failover on a 3-node cluster, a soak; writes results.json, results.md and charts",
 		Description: "Without --brokers, bench starts embedded PostgreSQL and NATS JetStream in its own process, so it\n" +
 			"runs on a machine with nothing installed. With --brokers it uses the servers of --database-url\n" +
 			"(embedded PostgreSQL when not given) and of each broker's URL flag. Every scenario runs on every\n" +
@@ -154,18 +158,26 @@ func benchCommand() *cli.Command {
 			"stops the nodes (in a ferry checkout compose/local/services.sh: up BROKER-cluster, node\n" +
 			"BROKER-cluster N kill|start, down BROKER-cluster), one cluster at a time, each stopped after its\n" +
 			"run. A --BROKER-cluster-url flag names a running cluster instead, left running; node N is its Nth\n" +
-			"URL and must be the script's node N.",
+			"URL and must be the script's node N.\n\n" +
+			"The soak scenario runs only when named too (--scenarios soak or all): --rate (200/s when 0)\n" +
+			"for --soak-duration with a fault every --soak-fault-every, cycling through SIGKILL of the relay,\n" +
+			"SIGKILL of the worker and a broker restart (--restart-broker); at the start and at each fault it\n" +
+			"prints one row (heap, goroutines, open files and RSS of relay and worker, the outbox's size, the\n" +
+			"WAL the replication slots hold, events committed, handled, lost, applied twice), at the end whether\n" +
+			"each series stayed flat; it fails on any event lost or effect applied twice.",
 		Flags: concat([]cli.Flag{
 			&cli.StringFlag{Name: flagBrokers, EnvVars: env("bench-brokers"), Usage: "comma list of brokers (" + strings.Join(BrokerNames(), ", ") + ") or all; default: embedded NATS"},
 			&cli.StringFlag{Name: flagScenarios, Value: strings.Join(suite.BuiltScenarios, ","), EnvVars: env("bench-scenarios"), Usage: "comma list of scenarios (" + strings.Join(suite.Scenarios, ", ") + ") or all"},
 			&cli.IntFlag{Name: flagMessages, Value: 20000, EnvVars: env("bench-messages"), Usage: "messages per scenario run (latency: at most 10 s at each rate; ordering at most 5,000; routing at most 3,000; retry at most 200)"},
 			&cli.IntFlag{Name: flagSize, Value: suite.DefaultSize, EnvVars: env("bench-size"), Usage: "event body in bytes"},
-			&cli.IntFlag{Name: flagRate, EnvVars: env("bench-rate"), Usage: "producers' events/s in end-to-end and latency; 0: end-to-end flat out, latency at 200/s and 1000/s"},
+			&cli.IntFlag{Name: flagRate, EnvVars: env("bench-rate"), Usage: "producers' events/s in end-to-end, latency, faults, failover and soak; 0: end-to-end flat out, latency at 200/s and 1000/s, the others at 200/s"},
 			&cli.IntFlag{Name: flagWorkers, Value: 20, EnvVars: env("bench-workers"), Usage: "worker concurrency (messages handled at once)"},
 			&cli.StringFlag{Name: flagOut, Value: "bench-results", EnvVars: env("bench-out"), Usage: "folder for results.json, results.md and the charts (created when missing)"},
 			&cli.StringFlag{Name: flagDatabaseURL, EnvVars: env(flagDatabaseURL), Usage: "PostgreSQL URL of a user that may create databases (default: embedded PostgreSQL)"},
 			&cli.StringFlag{Name: flagRestart, EnvVars: env("bench-restart-broker"), Usage: "shell command that restarts a broker's server for the faults scenario, {broker} replaced by its name (default: " + defaultRestart + " when run in a ferry checkout; none: no broker restart)"},
 			&cli.StringFlag{Name: flagPeerDir, EnvVars: env("bench-peer-dir"), Usage: "folder of the Watermill peer module, run with the go command by the peer scenario (default: " + defaultPeerDir + " when run in a ferry checkout)"},
+			&cli.DurationFlag{Name: flagSoakDuration, Value: time.Hour, EnvVars: env("bench-" + flagSoakDuration), Usage: "soak: how long the producers commit at --rate (200/s when 0)"},
+			&cli.DurationFlag{Name: flagSoakFaultEvery, Value: 3 * time.Minute, EnvVars: env("bench-" + flagSoakFaultEvery), Usage: "soak: time between two faults, which cycle through SIGKILL of the relay, SIGKILL of the worker and a broker restart (--restart-broker)"},
 			&cli.DurationFlag{Name: flagSQSDelay, EnvVars: env("bench-sqs-latency"), Usage: "time added to every SQS call by a loopback proxy in front of --sqs-endpoint, e.g. 15ms (what AWS SQS costs from inside its region); 0: none"},
 		}, benchBrokerFlags(), benchClusterFlags(), []cli.Flag{
 			&cli.StringFlag{Name: flagDataDir, EnvVars: env(flagDataDir), Category: catProcess,
@@ -212,6 +224,11 @@ func runBench(c *cli.Context) error {
 	}
 	if c.Int(flagRate) < 0 {
 		return usagef("--%s %d: must not be negative (0: flat out)", flagRate, c.Int(flagRate))
+	}
+	for _, f := range []string{flagSoakDuration, flagSoakFaultEvery} {
+		if c.Duration(f) < time.Second {
+			return usagef("--%s %v: must be at least 1s", f, c.Duration(f))
+		}
 	}
 	opts := benchBrokerOptions(c, log)
 	var names []string
@@ -347,6 +364,7 @@ func runBench(c *cli.Context) error {
 		Targets: targets, DatabaseURL: dbURL, Database: dbWhere, Scenarios: scenarios,
 		Messages: c.Int(flagMessages), Size: c.Int(flagSize), Rate: c.Int(flagRate), Workers: c.Int(flagWorkers),
 		Out: c.String(flagOut), Command: benchCommandLine(os.Args[1:]), Progress: out, Logger: log,
+		SoakDuration: c.Duration(flagSoakDuration), SoakFaultEvery: c.Duration(flagSoakFaultEvery),
 	})
 	if errors.Is(err, suite.ErrConfig) {
 		return usagef("ferry bench: %v", err)

@@ -82,6 +82,14 @@ func TestBenchSmoke(t *testing.T) {
 				case suite.ScenarioPipeline, suite.ScenarioEndToEnd:
 					require.Positive(t, figure(r, "throughput"), "%s on %s", sc, br)
 					require.Equal(t, 300, r.Messages)
+					if sc == suite.ScenarioEndToEnd {
+						// Two ferry variants, each naming its relay and
+						// giving its commits per event (at least the
+						// producer's one).
+						want := map[string]string{"": "poll", suite.VariantWALBatch: "wal"}[r.Variant]
+						require.Equal(t, want, r.RelayMode, "%s on %s (%s)", sc, br, r.Variant)
+						require.GreaterOrEqual(t, figure(r, "commits"), 1.0, "%s on %s (%s)", sc, br, r.Variant)
+					}
 				case suite.ScenarioLatency:
 					require.NotNil(t, r.Latency)
 					require.Equal(t, r.Messages, r.Latency.Count, "every committed event handled and timed")
@@ -137,14 +145,35 @@ func TestBenchSmoke(t *testing.T) {
 		for _, r := range got[key{suite.ScenarioPeer, br}] {
 			peer[r.Variant] = r.Status
 		}
-		for _, v := range []string{suite.PeerFerryEndToEnd, "ferry, 200/s", "ferry, 1000/s"} {
+		for _, v := range []string{suite.PeerFerryEndToEnd, suite.PeerFerryWALEndToEnd, "ferry, 200/s", "ferry, 1000/s"} {
 			require.Equal(t, "ok", peer[v], "peer on %s: %s", br, v)
 		}
 		for _, p := range []string{"defaults", "tuned"} {
-			for _, v := range []string{"watermill " + p + ", end-to-end", "watermill " + p + ", 200/s", "watermill " + p + ", 1000/s", suite.PeerRatio + p} {
+			for _, v := range []string{"watermill " + p + ", end-to-end", "watermill " + p + ", 200/s", "watermill " + p + ", 1000/s", suite.PeerRatio + p, suite.PeerWALRatio + p} {
 				require.Equal(t, "ok", peer[v], "peer on %s: %s", br, v)
 			}
 		}
+		// Every end-to-end row of the peer, ferry's two and Watermill's,
+		// has its per-event cost, and its relay.
+		for _, r := range got[key{suite.ScenarioPeer, br}] {
+			switch {
+			case strings.HasSuffix(r.Variant, "end-to-end"):
+				require.Positive(t, figure(r, "CPU postgres"), "%s %s", br, r.Variant)
+				require.Positive(t, figure(r, "WAL"), "%s %s", br, r.Variant)
+				require.GreaterOrEqual(t, figure(r, "commits"), 1.0, "%s %s", br, r.Variant)
+				want := map[string]string{suite.PeerFerryEndToEnd: "poll", suite.PeerFerryWALEndToEnd: "wal"}[r.Variant]
+				if want == "" {
+					want = suite.RelayModeWatermill
+				}
+				require.Equal(t, want, r.RelayMode, "%s %s", br, r.Variant)
+			case strings.HasPrefix(r.Variant, suite.PeerWALRatio):
+				require.Equal(t, "wal", r.RelayMode, "%s %s", br, r.Variant)
+				require.Positive(t, figure(r, suite.PeerThroughputRatio), "%s %s", br, r.Variant)
+				require.Positive(t, figure(r, suite.PeerPostgresCPURatio), "%s %s", br, r.Variant)
+			}
+		}
+		_, err := os.Stat(filepath.Join(out, suite.PeerCPUChart+".png"))
+		require.NoError(t, err, "the peer's CPU chart")
 		require.Contains(t, peer, "retry after 1 s", "peer on %s", br)
 		require.Equal(t, "ok", got[key{suite.ScenarioPipeline, br}][0].Status, br)
 		require.Equal(t, "ok", got[key{suite.ScenarioFaults, br}][0].Status, br)
@@ -214,6 +243,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--scenarios", "raw,speed"},
 		{"--messages", "0"},
 		{"--rate", "-1"},
+		{"--soak-duration", "0s"},
+		{"--soak-fault-every", "500ms"},
 		{"--brokers", "sqs", "--sqs-latency", "-1ms"},
 		{"extra"},
 		{"--brokers", "nats", "--nats-cluster-url", "nats://127.0.0.1:4222"},
@@ -283,4 +314,61 @@ func TestBenchFailoverSmoke(t *testing.T) {
 	st, err := exec.Command("bash", script, "status", "nats-cluster").Output()
 	require.NoError(t, err)
 	require.NotContains(t, string(st), "running", "the scenario stops the cluster it started")
+}
+
+// TestBenchSoakShort: `make soak` in 20 s on the shared RabbitMQ, a
+// fault every 6 s (a SIGKILL of the relay, then of the worker, then of the
+// relay again; no broker restart: the server is shared). The rows are
+// printed and recorded with the children's real figures (heap and
+// goroutines from their stats files, open files and RSS from /proc),
+// nothing is lost and nothing applied twice, and the flatness is
+// printed. Not timed. RabbitMQ rather than NATS: it hands a killed
+// worker's unacked deliveries on at once, where JetStream waits out its
+// AckWait (30 s), which would double the test's time.
+func TestBenchSoakShort(t *testing.T) {
+	testenv.RequireTCP(t, "postgres", testenv.HostPort(testenv.DatabaseURL()))
+	testenv.RequireTCP(t, "rabbitmq", testenv.HostPort(testenv.RabbitMQURL()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a bound on a hung run
+	defer cancel()
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := Main(ctx, []string{"ferry", "bench", "--brokers", "rabbitmq", "--scenarios", "soak",
+		"--soak-duration", "20s", "--soak-fault-every", "6s", "--restart-broker", "none",
+		"--out", out, "--database-url", testenv.DatabaseURL(), "--rabbitmq-url", testenv.RabbitMQURL(), "--log-level", "error",
+	}, &stdout, &stderr)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	t.Logf("stdout:\n%s", stdout.String())
+
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	require.NoError(t, err)
+	var res suite.Results
+	require.NoError(t, json.Unmarshal(b, &res))
+	require.Len(t, res.Results, 1)
+	r := res.Results[0]
+	require.Equal(t, "ok", r.Status, r.Note)
+	// start, 3 faults (6, 12, 18 s), end, drained.
+	require.Len(t, r.Soak, 6, "%+v", r.Soak)
+	faults := []string{"start", "relay SIGKILL", "worker SIGKILL", "relay SIGKILL", "end", "drained"}
+	pids := map[string]map[int]bool{"relay": {}, "worker": {}}
+	for i, row := range r.Soak {
+		require.Equal(t, faults[i], row.Fault)
+		for role, ps := range map[string]suite.ProcessStats{"relay": row.Relay, "worker": row.Worker} {
+			require.Positive(t, ps.HeapInuse, "row %d %s: %+v", i, role, ps)
+			require.Positive(t, ps.Goroutines, "row %d %s: %+v", i, role, ps)
+			require.Greater(t, ps.OpenFiles, 3, "row %d %s: stdin, stdout, stderr and sockets", i, role)
+			require.Positive(t, ps.RSS, "row %d %s", i, role)
+			pids[role][ps.PID] = true
+		}
+		require.Zero(t, row.Lost, "row %d", i)
+		require.Zero(t, row.Twice, "row %d", i)
+	}
+	require.Len(t, pids["relay"], 3, "the relay was killed twice and started again each time")
+	require.Len(t, pids["worker"], 2, "the worker was killed once and started again")
+	final := r.Soak[len(r.Soak)-1]
+	require.Equal(t, final.Committed, final.Handled, "every committed event handled")
+	require.Greater(t, final.Committed, int64(1000), "20 s at 200/s")
+	require.Positive(t, r.Soak[3].Handled)
+	for _, s := range []string{"elapsed  fault", "relay SIGKILL", "worker SIGKILL", "lost 0, effects applied twice 0", "flatness", "relay heap", "worker open files", "WAL retained"} {
+		require.Contains(t, stdout.String(), s)
+	}
 }

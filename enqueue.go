@@ -130,3 +130,47 @@ func EnqueueSQL[T any](ctx context.Context, tx *sql.Tx, eventType string, args T
 	}
 	return ids[0], nil
 }
+
+// EnqueueMany encodes each of args as JSON and stores them in the outbox
+// as events of type eventType inside the caller's transaction tx, with
+// opts applied to every event, in one round trip: one multi-row INSERT
+// for all of them (outbox.Enqueue; an event with the Unique option costs
+// a statement of its own in the same round trip). It returns the outbox
+// row ids in the order of args. Events with their own options (a key per
+// user, say) are built with NewEvent and stored with outbox.Enqueue,
+// which takes the same path. Every arg is encoded and validated first:
+// an invalid one fails the call with an error wrapping
+// outbox.ErrInvalidEvent that names its index, and nothing is stored.
+// With no args it does nothing and returns nil, nil. A database error
+// leaves tx aborted. The model is River's InsertMany.
+func EnqueueMany[T any](ctx context.Context, tx pgx.Tx, eventType string, args []T, opts ...EnqueueOption) ([]int64, error) {
+	events, err := newEvents(eventType, args, opts)
+	if err != nil || len(events) == 0 {
+		return nil, err
+	}
+	return outbox.Enqueue(ctx, tx, events...)
+}
+
+// EnqueueManySQL is EnqueueMany for database/sql users: tx must come from
+// a *sql.DB of the pgx driver (github.com/jackc/pgx/v5/stdlib); see
+// outbox.EnqueueSQL.
+func EnqueueManySQL[T any](ctx context.Context, tx *sql.Tx, eventType string, args []T, opts ...EnqueueOption) ([]int64, error) {
+	events, err := newEvents(eventType, args, opts)
+	if err != nil || len(events) == 0 {
+		return nil, err
+	}
+	return outbox.EnqueueSQL(ctx, tx, events...)
+}
+
+// newEvents is NewEvent for each of args, its error naming the index.
+func newEvents[T any](eventType string, args []T, opts []EnqueueOption) ([]outbox.Event, error) {
+	events := make([]outbox.Event, len(args))
+	for i, a := range args {
+		e, err := NewEvent(eventType, a, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("ferry: enqueue: args[%d]: %w", i, err)
+		}
+		events[i] = e
+	}
+	return events, nil
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,7 +20,7 @@ import (
 // compose/local/services.sh.
 func ExampleJobCancel() {
 	ctx := context.Background()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -70,32 +69,4 @@ func ExampleJobCancel() {
 	// reminder.send scheduled
 	// cancelled never published
 	// true
-}
-
-// exampleDatabase creates a fresh database on the test server and
-// returns its URL and a function that drops it.
-func exampleDatabase(ctx context.Context) (string, func(), error) {
-	base := testenv.DatabaseURL()
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return "", nil, err
-	}
-	defer conn.Close(ctx)
-	name := "ferry_example_" + fmt.Sprint(time.Now().UnixNano())
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", nil, err
-	}
-	u, err := url.Parse(base)
-	if err != nil {
-		return "", nil, err
-	}
-	u.Path = "/" + name
-	drop := func() {
-		c, err := pgx.Connect(context.Background(), base)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			_ = c.Close(context.Background())
-		}
-	}
-	return u.String(), drop, nil
 }

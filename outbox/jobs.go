@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,7 +31,7 @@ var ErrTooLate = errors.New("outbox: too late to cancel the job")
 // made of it) stands.
 type JobState string
 
-// The job states. A job moves scheduled → pending → published → retrying
+// The job states. A workflow job starts held. A job moves scheduled → pending → published → retrying
 // → handled or dead, or from scheduled or pending to cancelled.
 const (
 	// JobScheduled: enqueued with a DueAt still in the future
@@ -50,6 +51,10 @@ const (
 	JobHandled JobState = "handled"
 	// JobDead: a consumer's worker dead-lettered it (worker_dead).
 	JobDead JobState = "dead"
+	// JobHeld: a workflow job waiting for its dependencies
+	// (EnqueueWorkflow); no relay can see it until the last of them
+	// settles.
+	JobHeld JobState = "held"
 	// JobCancelled: JobCancel took it out of the outbox before it was
 	// published; it is never published.
 	JobCancelled JobState = "cancelled"
@@ -86,6 +91,15 @@ type Job struct {
 	PublishedAt time.Time
 	// CancelledAt is when JobCancel cancelled it; zero otherwise.
 	CancelledAt time.Time
+	// CancelReason is why it was cancelled when not by JobCancel (a
+	// workflow dependency failed or was cancelled); empty otherwise.
+	CancelReason string
+	// Held is true while it is a workflow job waiting for its
+	// dependencies (State JobHeld).
+	Held bool
+	// WorkflowID is the workflow it belongs to (EnqueueWorkflow,
+	// WorkflowGet); 0 when none.
+	WorkflowID int64
 	// Consumers is what each consumer's worker recorded, in consumer
 	// name order; empty before any did.
 	Consumers []ConsumerJob
@@ -147,12 +161,19 @@ type JobFilter struct {
 const MaxJobList = 1000
 
 const jobRowsSQL = `SELECT id, destination, event_type, partition_key, COALESCE(headers->>$2, ''), occurred_at,
-       processed_at, attempts, COALESCE(last_error, ''), next_attempt_at, NULL::timestamptz
-FROM outbox WHERE id = ANY($1::bigint[])
+       processed_at, attempts, COALESCE(last_error, ''), next_attempt_at, NULL::timestamptz, false,
+       (SELECT w.workflow_id FROM outbox_workflow_jobs w WHERE w.id = o.id)
+FROM outbox o WHERE id = ANY($1::bigint[])
 UNION ALL
 SELECT id, destination, event_type, partition_key, COALESCE(headers->>$2, ''), occurred_at,
-       NULL, attempts, COALESCE(last_error, ''), next_attempt_at, cancelled_at
-FROM outbox_cancelled WHERE id = ANY($1::bigint[])`
+       NULL, attempts, COALESCE(last_error, ''), next_attempt_at, cancelled_at, false,
+       (SELECT w.workflow_id FROM outbox_workflow_jobs w WHERE w.id = o.id)
+FROM outbox_cancelled o WHERE id = ANY($1::bigint[])
+UNION ALL
+SELECT id, destination, event_type, partition_key, COALESCE(headers->>$2, ''), occurred_at,
+       NULL, 0, '', next_attempt_at, NULL, true,
+       (SELECT w.workflow_id FROM outbox_workflow_jobs w WHERE w.id = o.id)
+FROM outbox_held o WHERE id = ANY($1::bigint[])`
 
 // The per-consumer tables are keyed (consumer, message_id): a skip scan
 // over the consumers (a few index probes each) finds a message's rows
@@ -236,9 +257,9 @@ func JobList(ctx context.Context, pool *pgxpool.Pool, f JobFilter) ([]Job, error
 		return nil, errors.New("outbox: job list: pool is nil")
 	}
 	switch f.State {
-	case "", JobScheduled, JobPending, JobPublished, JobRetrying, JobHandled, JobDead, JobCancelled:
+	case "", JobHeld, JobScheduled, JobPending, JobPublished, JobRetrying, JobHandled, JobDead, JobCancelled:
 	default:
-		return nil, fmt.Errorf("outbox: job list: JobFilter.State %q: want one of scheduled, pending, published, retrying, handled, dead, cancelled", f.State)
+		return nil, fmt.Errorf("outbox: job list: JobFilter.State %q: want one of held, scheduled, pending, published, retrying, handled, dead, cancelled", f.State)
 	}
 	if f.Limit < 0 || f.Limit > MaxJobList {
 		return nil, fmt.Errorf("outbox: job list: JobFilter.Limit %d: want 0 (50) to %d", f.Limit, MaxJobList)
@@ -257,8 +278,10 @@ func JobList(ctx context.Context, pool *pgxpool.Pool, f JobFilter) ([]Job, error
 		from = `SELECT id FROM outbox WHERE processed_at IS NOT NULL AND %s`
 	case JobCancelled:
 		from = `SELECT id FROM outbox_cancelled WHERE %s`
+	case JobHeld:
+		from = `SELECT id FROM outbox_held WHERE %s`
 	default:
-		from = `SELECT id FROM outbox WHERE %[1]s UNION ALL SELECT id FROM outbox_cancelled WHERE %[1]s`
+		from = `SELECT id FROM outbox WHERE %[1]s UNION ALL SELECT id FROM outbox_cancelled WHERE %[1]s UNION ALL SELECT id FROM outbox_held WHERE %[1]s`
 	}
 	cond := `($1 = '' OR event_type = $1) AND ($2 = '' OR destination = $2) AND id < $3`
 	sql := `SELECT id FROM (` + fmt.Sprintf(from, cond) + `) s ORDER BY id DESC LIMIT $4`
@@ -337,13 +360,20 @@ func loadJobs(ctx context.Context, pool *pgxpool.Pool, ids []int64) ([]Job, erro
 			id                     int64
 			j                      Job
 			processed, next, cancl *time.Time
+			wf                     *int64
 		)
-		if err := rows.Scan(&id, &j.Destination, &j.Type, &j.Key, &j.AppID, &j.EnqueuedAt, &processed, &j.PublishAttempts, &j.PublishError, &next, &cancl); err != nil {
+		if err := rows.Scan(&id, &j.Destination, &j.Type, &j.Key, &j.AppID, &j.EnqueuedAt, &processed, &j.PublishAttempts, &j.PublishError, &next, &cancl, &j.Held, &wf); err != nil {
 			rows.Close()
 			return nil, jobErr(ctx, "get", err)
 		}
 		j.ID, j.InOutbox = id, true
 		j.PublishedAt, j.DueAt, j.CancelledAt = deref(processed), deref(next), deref(cancl)
+		if wf != nil {
+			j.WorkflowID = *wf
+		}
+		if cancl != nil && j.PublishAttempts == 0 && strings.HasPrefix(j.PublishError, "workflow: ") {
+			j.CancelReason, j.PublishError = j.PublishError, ""
+		}
 		*get(id) = j
 	}
 	if err := rows.Err(); err != nil {
@@ -471,6 +501,8 @@ func jobState(j *Job) JobState {
 	switch {
 	case !j.CancelledAt.IsZero():
 		return JobCancelled
+	case j.Held:
+		return JobHeld
 	case j.InOutbox && j.PublishedAt.IsZero():
 		if j.PublishAttempts == 0 && j.DueAt.After(time.Now()) {
 			return JobScheduled
@@ -495,6 +527,9 @@ func history(j *Job) []JobEvent {
 	var h []JobEvent
 	if j.InOutbox {
 		h = append(h, JobEvent{At: j.EnqueuedAt, What: "enqueued", Detail: "destination " + j.Destination})
+		if j.Held {
+			h = append(h, JobEvent{What: "held", Detail: fmt.Sprintf("waiting for its dependencies in workflow %d", j.WorkflowID)})
+		}
 		if !j.DueAt.IsZero() && j.PublishAttempts == 0 {
 			h = append(h, JobEvent{At: j.DueAt, What: "due"})
 		}
@@ -512,7 +547,11 @@ func history(j *Job) []JobEvent {
 			h = append(h, JobEvent{At: j.PublishedAt, What: "published"})
 		}
 		if !j.CancelledAt.IsZero() {
-			h = append(h, JobEvent{At: j.CancelledAt, What: "cancelled", Detail: "never published"})
+			d := "never published"
+			if j.CancelReason != "" {
+				d += "; " + j.CancelReason
+			}
+			h = append(h, JobEvent{At: j.CancelledAt, What: "cancelled", Detail: d})
 		}
 	}
 	var w []JobEvent
@@ -549,13 +588,18 @@ const cancelSQL = `WITH c AS (
   RETURNING o.id, o.event_type, o.partition_key, o.payload, o.headers, o.occurred_at, o.attempts, o.last_error, o.next_attempt_at, o.destination
 ), u AS (
   DELETE FROM outbox_unique q USING d WHERE q.event_id = d.id
+), h AS (
+  DELETE FROM outbox_held WHERE id = $1
+  RETURNING id, event_type, partition_key, payload, headers, occurred_at, 0 AS attempts, NULL::text AS last_error, next_attempt_at, destination
 )
 INSERT INTO outbox_cancelled (id, event_type, partition_key, payload, headers, occurred_at, attempts, last_error, next_attempt_at, destination)
 SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts, last_error, next_attempt_at, destination FROM d
+UNION ALL
+SELECT id, event_type, partition_key, payload, headers, occurred_at, attempts, last_error, next_attempt_at, destination FROM h
 RETURNING id`
 
-// JobCancel cancels the job id if it is not yet published (scheduled or
-// pending, parked included): its row moves from the outbox to
+// JobCancel cancels the job id if it is not yet published (held,
+// scheduled or pending, parked included): its row moves from the outbox to
 // outbox_cancelled, atomically, so no relay ever publishes it, and its
 // unique key, if any, is freed. It returns the job as it now is
 // (JobCancelled). Cancelling a cancelled job changes nothing and returns
@@ -564,6 +608,9 @@ RETURNING id`
 // handled it) or a relay holds its row at that moment, publishing it (get
 // it again: if the publication failed it is pending and can be
 // cancelled), and one wrapping ErrJobNotFound when nothing records it.
+// Cancelling a workflow job cancels its dependents, and theirs, in the
+// same transaction (those enqueued with WorkflowJob.ReleaseOnFailure are
+// released instead, once their other dependencies completed).
 func JobCancel(ctx context.Context, pool *pgxpool.Pool, id int64) (Job, error) {
 	if pool == nil {
 		return Job{}, errors.New("outbox: job cancel: pool is nil")

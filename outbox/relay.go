@@ -23,7 +23,7 @@ import (
 
 // Defaults of RelayConfig; a zero field means the default.
 const (
-	DefaultBatchSize         = 100
+	DefaultBatchSize         = 500
 	DefaultConcurrency       = 4
 	DefaultPollInterval      = 500 * time.Millisecond
 	DefaultBatchDelay        = time.Millisecond
@@ -86,7 +86,8 @@ type RelayConfig struct {
 	// transaction, 1..MaxBatchSize. In WAL mode it is the most events of
 	// one Publish call; a batch of up to Concurrency×BatchSize events is
 	// split across the publishing lanes and settled in one transaction
-	// (see Concurrency). Defaults to DefaultBatchSize (100).
+	// (see Concurrency). Defaults to DefaultBatchSize (500: BenchmarkCLIRelayDrain
+	// measured a backlog drained 1.4× as fast as with 100, on RabbitMQ, one run).
 	BatchSize int
 	// Concurrency is the number of claim loops run by one relay, 1..64.
 	// They claim disjoint batches (SKIP LOCKED; the rows of one partition
@@ -183,6 +184,15 @@ type RelayConfig struct {
 	// call), and for each Publish call that failed as a whole (from its
 	// lane), concurrently with the claim loops'.
 	OnBatch func(BatchStats)
+	// OnBlocked, when set, is called each time the relay starts or stops
+	// holding its rows because the broker has no room (a Publish failed
+	// with broker.ErrBlocked: a RabbitMQ memory or disk alarm, a Kafka
+	// partition short of in-sync replicas, a full JetStream stream), with
+	// the broker's reason (broker.BlockedReason), and with "" when the
+	// broker takes messages again (or fails for another reason). It is
+	// called with the relay's lock held and must be quick; meant for a
+	// metric and a readiness check (see Blocked).
+	OnBlocked func(reason string)
 	// Mode is how the relay finds the events: RelayModePoll ("poll",
 	// claims and marks rows) or RelayModeWAL ("wal", reads the rows'
 	// inserts from the WAL by logical replication and deletes them once
@@ -278,6 +288,7 @@ type Relay struct {
 	active      int           // claim loops between a wake-up and going idle again
 	waiting     int           // active loops waiting (BatchDelay, RecheckDelay) to claim again
 	dirty       bool          // a wake-up was set aside for the active loops
+	blockedBy   string        // the broker's reason while it has no room ("": not blocked)
 }
 
 // NewRelay checks cfg, applies the defaults and returns a relay. Errors
@@ -819,13 +830,22 @@ func (r *Relay) endProbe(probe bool) {
 func (r *Relay) setUnavailable(res batchResult, probe bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	reason, blocked := "", false
+	if !res.dbFault {
+		reason, blocked = broker.BlockedReason(res.err)
+	}
+	first := !r.unavailable
+	if first || probe {
+		r.setBlocked(reason, blocked)
+	}
 	switch {
-	case !r.unavailable:
+	case first:
 		r.unavailable = true
 		r.backoff = nextBackoff(0, r.cfg.MaxBackoff)
-		if res.dbFault {
+		switch {
+		case res.dbFault:
 			r.log.Warn("outbox: relay: database unavailable, backing off", "err", res.err)
-		} else {
+		case !blocked:
 			r.log.Warn("outbox: relay: broker unavailable, backing off", "broker", r.brokerName, "err", res.err)
 		}
 	case probe:
@@ -843,12 +863,51 @@ func (r *Relay) setUnavailable(res batchResult, probe bool) {
 func (r *Relay) setAvailable() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.setBlocked("", false)
 	if !r.unavailable {
 		return
 	}
 	r.unavailable, r.probing, r.backoff, r.pauseUntil = false, false, 0, time.Time{}
 	r.log.Info("outbox: relay: publishing again", "broker", r.brokerName)
 	r.changed()
+}
+
+// setBlocked records whether the broker's last answer was that it has no
+// room (broker.ErrBlocked), logging each change once (not once per
+// retry) and calling RelayConfig.OnBlocked; r.mu is held.
+func (r *Relay) setBlocked(reason string, blocked bool) {
+	if !blocked {
+		reason = ""
+	} else if reason == "" {
+		reason = "no reason given"
+	}
+	if reason == r.blockedBy {
+		return
+	}
+	prev := r.blockedBy
+	r.blockedBy = reason
+	switch {
+	case reason != "":
+		r.log.Warn("outbox: relay: the broker has no room, holding the rows until it takes them again",
+			"broker", r.brokerName, "reason", reason)
+	case prev != "":
+		r.log.Info("outbox: relay: the broker is no longer blocked", "broker", r.brokerName, "was", prev)
+	}
+	if r.cfg.OnBlocked != nil {
+		r.cfg.OnBlocked(reason)
+	}
+}
+
+// Blocked returns the broker's reason while the relay holds its rows
+// because the broker has no room (its last Publish failed with
+// broker.ErrBlocked: a resource alarm, too few in-sync replicas, a full
+// stream), and "" otherwise. The relay tries again after each pause
+// (MaxBackoff at most) and resumes by itself once the broker takes the
+// messages; nothing is marked published or charged an attempt meanwhile.
+func (r *Relay) Blocked() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.blockedBy
 }
 
 // nextBackoff doubles d from minBackoff up to max.

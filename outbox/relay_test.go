@@ -465,7 +465,7 @@ func TestNewRelayValidation(t *testing.T) {
 	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Broker: b})
 	require.NoError(t, err)
 	cfg := r.Config()
-	require.Equal(t, 100, cfg.BatchSize)
+	require.Equal(t, 500, cfg.BatchSize)
 	require.Equal(t, 500*time.Millisecond, cfg.PollInterval)
 	require.Equal(t, 7*24*time.Hour, cfg.Retention)
 	require.Equal(t, 1000, cfg.RetentionBatch)

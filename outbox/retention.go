@@ -28,6 +28,10 @@ type PruneResult struct {
 	// DeadRecords is the number of worker_dead rows deleted: records of
 	// messages dead-lettered more than olderThan ago.
 	DeadRecords int64
+	// Workflows is the number of workflows deleted (with their jobs' and
+	// edges' rows; the jobs' outbox rows go as any): enqueued more than
+	// olderThan ago, none of their jobs still held.
+	Workflows int64
 }
 
 const pruneOutboxSQL = `DELETE FROM outbox WHERE id IN (
@@ -60,6 +64,23 @@ const pruneDeadSQL = `DELETE FROM worker_dead WHERE (consumer, message_id) IN (
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
 
+// pruneWorkflowsSQL deletes the workflows enqueued more than $1 ago of
+// which no job is held (nothing is left to release or cancel), with their
+// rows in outbox_workflow_jobs and outbox_workflow_edges.
+const pruneWorkflowsSQL = `WITH w AS (
+	SELECT ow.id FROM outbox_workflows ow
+	WHERE ow.created_at < now() - $1::bigint * interval '1 millisecond'
+	  AND NOT EXISTS (SELECT 1 FROM outbox_workflow_jobs j JOIN outbox_held h ON h.id = j.id WHERE j.workflow_id = ow.id)
+	ORDER BY ow.id
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), j AS (
+	DELETE FROM outbox_workflow_jobs j USING w WHERE j.workflow_id = w.id RETURNING j.id
+), e AS (
+	DELETE FROM outbox_workflow_edges e USING j WHERE e.job = j.id
+)
+DELETE FROM outbox_workflows o USING w WHERE o.id = w.id`
+
 // pruneUniqueSQL deletes the unique keys whose window has ended: an
 // Enqueue would replace them anyway. $1 (olderThan) does not apply.
 const pruneUniqueSQL = `DELETE FROM outbox_unique WHERE unique_key IN (
@@ -74,7 +95,8 @@ const pruneUniqueSQL = `DELETE FROM outbox_unique WHERE unique_key IN (
 // last updated more than olderThan ago, the unique keys whose window
 // has ended (Event.UniqueFor), the cancelled jobs (outbox_cancelled)
 // cancelled and the dead-letter records (worker_dead) written more than
-// olderThan ago, batch rows per DELETE statement (batch <= 0
+// olderThan ago, and the workflows enqueued more than olderThan ago with
+// no job still held (WorkflowGet no longer finds them), batch rows per DELETE statement (batch <= 0
 // means DefaultRetentionBatch), until none is left. Each statement is its
 // own short transaction, so Prune can run beside a busy relay; several
 // Prunes at once skip each other's rows. It returns what it deleted, also
@@ -101,6 +123,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, bat
 		{"outbox_unique", pruneUniqueSQL, &res.UniqueKeys},
 		{"outbox_cancelled", pruneCancelledSQL, &res.Cancelled},
 		{"worker_dead", pruneDeadSQL, &res.DeadRecords},
+		{"outbox_workflows", pruneWorkflowsSQL, &res.Workflows},
 	} {
 		for {
 			if err := ctx.Err(); err != nil {

@@ -169,3 +169,22 @@ func ReadStats(ctx context.Context, pool *pgxpool.Pool) (Stats, error) {
 	}
 	return s, nil
 }
+
+// runningRelaysSQL counts the polling relays' LISTEN sessions and the
+// WAL relays' streaming slots on the current database.
+const runningRelaysSQL = `SELECT
+  (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN ' || $1::text),
+  (SELECT count(*) FROM pg_replication_slots s JOIN outbox_wal_slots w USING (slot_name) WHERE s.active AND s.database = current_database())`
+
+// RunningRelays returns how many relays publish from pool's database now:
+// polling relays by their session LISTENing on NotifyChannel (its last
+// statement in pg_stat_activity: one per relay), WAL relays by their
+// registered slot being streamed (pg_replication_slots.active). A role
+// that may not see other roles' sessions (pg_read_all_stats) counts only
+// the polling relays of its own role. Errors are the database's, wrapped.
+func RunningRelays(ctx context.Context, pool *pgxpool.Pool) (poll, wal int, err error) {
+	if err := pool.QueryRow(ctx, runningRelaysSQL, NotifyChannel).Scan(&poll, &wal); err != nil {
+		return 0, 0, fmt.Errorf("outbox: running relays: %w", err)
+	}
+	return poll, wal, nil
+}

@@ -45,12 +45,19 @@ var (
 	ErrWALUnavailable = errors.New("outbox: wal relay: the database cannot stream its WAL to the relay")
 	// ErrSlotLost is returned by Relay.Run in WAL mode when the relay's
 	// replication slot was dropped or invalidated after the relay began
-	// streaming from it: the WAL of the events committed meanwhile may be
-	// gone, so the relay stops rather than skip them. The message names
-	// what to do: ResetWALSlot (`ferry outbox wal-reset`) hands the events
-	// not yet confirmed (the outbox rows left, see "WAL relay" in the
-	// package documentation) to the polling relay and lets the next start
-	// create a new slot.
+	// streaming from it, on the server (system identifier and WAL
+	// timeline) where it was created: the WAL of the events committed
+	// meanwhile may be gone, so the relay stops rather than skip them. The
+	// message names what to do: ResetWALSlot (`ferry outbox wal-reset`)
+	// hands the events not yet confirmed (the outbox rows left, see "WAL
+	// relay" in the package documentation) to the polling relay and lets
+	// the next start create a new slot. A slot missing after a promote is
+	// not ErrSlotLost: logical slots are not replicated to a standby
+	// before PostgreSQL 17 (its failover slots), the promoted standby is on
+	// a new timeline, and the relay does what ResetWALSlot does by itself
+	// and creates a new slot (the package documentation, "A promote").
+	// A registration from before migration 11 (no timeline recorded) whose
+	// slot is missing is ErrSlotLost too.
 	ErrSlotLost = errors.New("outbox: wal relay: replication slot lost")
 	// ErrSlotActive is returned by ResetWALSlot when a relay streams from
 	// the slot now: resetting under it would hand its unconfirmed events
@@ -204,35 +211,79 @@ func (r *Relay) EnsureSlot(ctx context.Context) error {
 }
 
 // ensureSlot makes sure the slot and the publication exist; on the first
-// start it creates them, registers the slot (outbox_wal_slots) and hands
-// the rows committed before the slot to the polling relay. A registered
-// slot that is missing or invalidated is ErrSlotLost.
+// start it creates them, registers the slot (outbox_wal_slots, with the
+// server's system identifier and timeline) and hands the rows committed
+// before the slot to the polling relay. A registered slot that is missing
+// on another timeline or system than the one it was registered on was lost
+// by a failover (slots are not replicated, see ErrSlotLost): recoverSlot
+// hands the rows left to the polling relay and the first-start path
+// follows. A registered slot missing on its own timeline, or invalidated,
+// is ErrSlotLost. On a standby (a server in recovery) it returns
+// errStandby, an outage to wait out.
 func (r *Relay) ensureSlot(ctx context.Context) error {
 	slot := r.cfg.Slot
 	var (
-		registered bool
-		exists     bool
-		active     bool
-		walStatus  *string
+		inRecovery      bool
+		registered      bool
+		exists          bool
+		active          bool
+		walStatus       *string
+		regSys, regTL   *int64
+		sysID, timeline *int64
 	)
-	err := r.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1),
+	// The timeline is the one the current WAL is written on (the first 8
+	// hex digits of its file name), not pg_control_checkpoint()'s: after a
+	// promote that one stays the old timeline until the first checkpoint
+	// on the new one completes. pg_walfile_name cannot run in recovery.
+	err := r.cfg.Pool.QueryRow(ctx, `SELECT pg_is_in_recovery(),
+  EXISTS (SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1),
   EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
   COALESCE((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false),
-  (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&registered, &exists, &active, &walStatus)
+  (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1),
+  (SELECT system_identifier FROM outbox_wal_slots WHERE slot_name = $1),
+  (SELECT timeline_id FROM outbox_wal_slots WHERE slot_name = $1),
+  (SELECT system_identifier FROM pg_control_system()),
+  CASE WHEN NOT pg_is_in_recovery() THEN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END`, slot).
+		Scan(&inRecovery, &registered, &exists, &active, &walStatus, &regSys, &regTL, &sysID, &timeline)
 	if err != nil {
 		return fmt.Errorf("outbox: wal relay: look up slot %q: %w", slot, err)
+	}
+	if inRecovery {
+		// A standby has the registration (replicated) and never the slot:
+		// not a lost slot, a server that cannot hold one.
+		return errStandby
 	}
 	lost := func(what string) error {
 		return fmt.Errorf("%w: slot %q %s after the relay began streaming from it, so the WAL of the events committed meanwhile may be gone; "+
 			"run `ferry outbox wal-reset --wal-slot=%s --yes` (outbox.ResetWALSlot): it hands the events not yet confirmed to the polling relay, and the next start creates a new slot "+
 			"(keep the slot from falling behind: max_slot_wal_keep_size, the ferry_outbox_wal_retained_bytes metric)", ErrSlotLost, slot, what, slot)
 	}
+	movedServer := regTL != nil && regSys != nil && (*regTL != *timeline || *regSys != *sysID)
 	switch {
+	case registered && !exists && movedServer:
+		recovered, err := r.recoverSlot(ctx, *regSys, *regTL, *sysID, *timeline)
+		if err != nil {
+			return err
+		}
+		if !recovered {
+			// Another relay recovered it first: stand by until it
+			// registered the new slot.
+			return errSlotCreating
+		}
+	case registered && !exists && regTL == nil:
+		return lost("was dropped (its registration predates migration 11 and says not on which timeline it was created, so a failover cannot be told from a drop)")
 	case registered && !exists:
 		return lost("was dropped")
 	case exists && walStatus != nil && *walStatus == "lost":
 		return lost("was invalidated (wal_status lost: it fell behind max_slot_wal_keep_size)")
 	case exists && registered:
+		if regTL == nil || regSys == nil {
+			// Registered before migration 11: say where it lives now, so a
+			// failover from here on is recognised.
+			if _, err := r.cfg.Pool.Exec(ctx, `UPDATE outbox_wal_slots SET system_identifier = $2, timeline_id = $3 WHERE slot_name = $1 AND timeline_id IS NULL`, slot, *sysID, *timeline); err != nil {
+				return fmt.Errorf("outbox: wal relay: record the timeline of slot %q: %w", slot, err)
+			}
+		}
 		return nil
 	case exists && active:
 		// Another relay is creating it (a slot is consistent only once
@@ -280,8 +331,8 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	// to the polling relay (a row committed after the slot and before this
 	// statement is then published by both: a duplicate with the same
 	// message ID, which the workers' dedup absorbs).
-	tag, err := r.cfg.Pool.Exec(ctx, `WITH s AS (INSERT INTO outbox_wal_slots (slot_name, destination, publication) VALUES ($1, $2, $1) ON CONFLICT DO NOTHING RETURNING 1)
-UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_at IS NULL AND next_attempt_at IS NULL AND EXISTS (SELECT 1 FROM s)`, slot, r.cfg.Destination)
+	tag, err := r.cfg.Pool.Exec(ctx, `WITH s AS (INSERT INTO outbox_wal_slots (slot_name, destination, publication, system_identifier, timeline_id) VALUES ($1, $2, $1, $3, $4) ON CONFLICT DO NOTHING RETURNING 1)
+UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_at IS NULL AND next_attempt_at IS NULL AND EXISTS (SELECT 1 FROM s)`, slot, r.cfg.Destination, *sysID, *timeline)
 	if err != nil {
 		return fmt.Errorf("outbox: wal relay: register slot %q: %w", slot, err)
 	}
@@ -292,7 +343,44 @@ UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_a
 // errSlotCreating: another relay is creating the slot; stand by.
 var errSlotCreating = errors.New("outbox: wal relay: another relay is creating the slot")
 
-// ResetWALSlot is the way back from ErrSlotLost: it drops the slot
+// errStandby: the database is a standby (in recovery), which holds no
+// logical slot (PostgreSQL 15) and refuses to create one: an outage to
+// wait out until the connection string leads to a primary
+// (target_session_attrs=read-write in a multi-host URL).
+var errStandby = errors.New("outbox: wal relay: the database is a standby (in recovery): waiting for a primary (use target_session_attrs=read-write with several hosts)")
+
+// recoverSlot is the failover path of ensureSlot: the registered slot is
+// missing on a server of another timeline or system than the one it was
+// created on, so it was lost with the old primary (logical slots are not
+// replicated before PostgreSQL 17), not dropped. In one statement it drops
+// the registration and hands every row of the destination read from the
+// WAL and still in the table to the polling relay, as ResetWALSlot does:
+// the WAL relay deletes a row only after the broker confirmed it, so the
+// rows left are exactly the unconfirmed ones and none is skipped (a row
+// whose delete the old primary had not yet replicated is published again:
+// a duplicate with the same message ID). The delete is conditional on the
+// registration still naming the old place, so of several relays standing
+// by only one recovers (false for the others: another relay did it). The
+// caller then creates the slot as on a first start.
+func (r *Relay) recoverSlot(ctx context.Context, oldSys, oldTL, sys, tl int64) (bool, error) {
+	var recovered bool
+	var handed int64
+	err := r.cfg.Pool.QueryRow(ctx, `WITH d AS (DELETE FROM outbox_wal_slots WHERE slot_name = $1 AND system_identifier = $3 AND timeline_id = $4
+    AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1) RETURNING 1),
+u AS (UPDATE outbox SET next_attempt_at = now() WHERE destination = $2 AND processed_at IS NULL AND next_attempt_at IS NULL AND EXISTS (SELECT 1 FROM d) RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM d), (SELECT count(*) FROM u)`, r.cfg.Slot, r.cfg.Destination, oldSys, oldTL).Scan(&recovered, &handed)
+	if err != nil {
+		return false, fmt.Errorf("outbox: wal relay: recover slot %q after a failover: %w", r.cfg.Slot, err)
+	}
+	if recovered {
+		r.log.Warn("outbox: wal relay: the replication slot was lost by a failover (a promoted standby, or a restore: logical slots are not replicated before PostgreSQL 17); handed the unconfirmed events to the polling relay and creating a new slot",
+			"slot", r.cfg.Slot, "old_timeline", oldTL, "new_timeline", tl, "old_system_identifier", oldSys, "new_system_identifier", sys, "handed_to_polling", handed)
+	}
+	return recovered, nil
+}
+
+// ResetWALSlot is the way back from ErrSlotLost (after a promote the
+// relay does the same by itself, see ErrSlotLost): it drops the slot
 // registration (and the slot, when it still exists) and hands every outbox
 // row of destination read from the WAL and not yet confirmed
 // (next_attempt_at NULL, still in the table) to the polling relay, which
@@ -425,7 +513,9 @@ func (r *Relay) walStream(ctx context.Context, probe bool, waitingLogged *bool) 
 				}
 				return batchResult{}, nil
 			case "42704": // undefined_object: dropped between ensureSlot and here
-				return batchResult{}, r.ensureSlot(ctx)
+				// Back through ensureSlot in a second: it tells a drop
+				// (ErrSlotLost) from a failover (recovered) or an outage.
+				return batchResult{}, nil
 			case "55000": // object_not_in_prerequisite_state: invalidated
 				return batchResult{}, fmt.Errorf("%w: slot %q: %s; run `ferry outbox wal-reset --wal-slot=%s --yes` (outbox.ResetWALSlot)", ErrSlotLost, r.cfg.Slot, pe.Message, r.cfg.Slot)
 			}

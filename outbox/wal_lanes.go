@@ -436,7 +436,9 @@ func (r *Relay) walPublishBatch(ctx context.Context, ids []int64, msgs []*broker
 	}
 	st := r.classify(ids, make([]int, len(ids)), p.perr, false)
 	res := batchResult{outage: len(st.downIDs) > 0, fatal: p.closed, err: p.perr}
-	if res.outage {
+	if _, blocked := broker.BlockedReason(st.downErr); res.outage && !blocked {
+		// No room on the broker is logged once by setUnavailable, not once
+		// per retry.
 		r.log.Warn("outbox: wal relay: broker unavailable, stopping the stream (the slot keeps the WAL)", "broker", r.brokerName, "err", st.downErr)
 	}
 	return &walPublish{ids: ids, p: p, st: st}, res

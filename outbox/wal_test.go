@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -745,4 +746,90 @@ func TestWALRelayUnsettledBatchHoldsPosition(t *testing.T) {
 		require.GreaterOrEqual(t, counts[id], 2, "id %s: published before the crash and again after", id)
 	}
 	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
+}
+
+// A registered slot missing on a server of another timeline (a promoted
+// standby: logical slots are not replicated before PostgreSQL 17) was lost
+// by a failover: the relay recovers by itself, hands the rows left to the
+// polling side and creates a new slot, and every event arrives exactly
+// once. Two relays standing by recover once between them.
+func TestWALRelayRecoversSlotLostByFailover(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	slot := walSlot(t)
+	cfg := outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, PollInterval: 100 * time.Millisecond}
+	stop := runRelay(t, newRelay(t, cfg))
+	waitStreaming(t, rg.pool, slot)
+	// The registration says where the slot lives.
+	var regTL, serverTL int64
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT timeline_id, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+FROM outbox_wal_slots WHERE slot_name = $1 AND system_identifier = (SELECT system_identifier FROM pg_control_system())`, slot).Scan(&regTL, &serverTL))
+	require.Equal(t, serverTL, regTL)
+	first := enqueue(t, rg.pool, events(5, "test.promote")...)
+	require.Len(t, receiveOrdered(t, rg.b, rg.queue, len(first), 0), len(first))
+	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond, "the confirmed rows are deleted")
+	stop()
+
+	// The events committed while no relay runs are the ones a failover
+	// leaves in the table, unconfirmed; the slot is gone and the
+	// registration names another timeline, as on a promoted standby.
+	left := enqueue(t, rg.pool, events(7, "test.promote")...)
+	_, err := rg.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+	require.NoError(t, err)
+	_, err = rg.pool.Exec(ctx, `UPDATE outbox_wal_slots SET timeline_id = timeline_id + 1000 WHERE slot_name = $1`, slot)
+	require.NoError(t, err)
+
+	logs := &testenv.LockedBuffer{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Logger = log
+	runRelay(t, newRelay(t, cfg))
+	runRelay(t, newRelay(t, cfg))
+	waitStreaming(t, rg.pool, slot)
+	more := enqueue(t, rg.pool, events(4, "test.promote")...)
+	all := append(append([]int64(nil), left...), more...)
+	got := receiveOrdered(t, rg.b, rg.queue, len(all), 2*time.Second)
+	counts := map[string]int{}
+	for _, id := range got {
+		counts[id]++
+	}
+	for _, id := range idStrings(all) {
+		require.Equal(t, 1, counts[id], "id %s: published once across the failover", id)
+	}
+	require.Len(t, got, len(all), "nothing else published")
+	require.Equal(t, 1, strings.Count(logs.String(), "lost by a failover"), "one relay recovered:\n%s", logs.String())
+	require.Contains(t, logs.String(), fmt.Sprintf("old_timeline=%d new_timeline=%d", regTL+1000, serverTL))
+	require.Contains(t, logs.String(), "handed_to_polling=7")
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT timeline_id FROM outbox_wal_slots WHERE slot_name = $1`, slot).Scan(&regTL))
+	require.Equal(t, serverTL, regTL, "registered again on this timeline")
+	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 50*time.Millisecond)
+}
+
+// A registration from before migration 11 (no timeline) with its slot in
+// place gets the timeline at the next start; with its slot missing it is
+// ErrSlotLost, as a drop: a failover cannot be told from it.
+func TestWALRelayRegistrationWithoutTimeline(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	slot := walSlot(t)
+	cfg := outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, PollInterval: 100 * time.Millisecond}
+	r := newRelay(t, cfg)
+	require.NoError(t, r.EnsureSlot(ctx))
+	_, err := rg.pool.Exec(ctx, `UPDATE outbox_wal_slots SET timeline_id = NULL, system_identifier = NULL WHERE slot_name = $1`, slot)
+	require.NoError(t, err)
+	require.NoError(t, r.EnsureSlot(ctx))
+	var filled bool
+	require.NoError(t, rg.pool.QueryRow(ctx, `SELECT timeline_id IS NOT NULL AND system_identifier IS NOT NULL FROM outbox_wal_slots WHERE slot_name = $1`, slot).Scan(&filled))
+	require.True(t, filled, "the timeline is recorded for an old registration")
+
+	_, err = rg.pool.Exec(ctx, `UPDATE outbox_wal_slots SET timeline_id = NULL WHERE slot_name = $1`, slot)
+	require.NoError(t, err)
+	_, err = rg.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+	require.NoError(t, err)
+	err = r.EnsureSlot(ctx)
+	require.ErrorIs(t, err, outbox.ErrSlotLost)
+	require.ErrorContains(t, err, "migration 11")
+	_, err = outbox.ResetWALSlot(ctx, rg.pool, slot, "")
+	require.NoError(t, err)
 }

@@ -2,6 +2,9 @@ package console_test
 
 import (
 	"context"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/ferrymq/ferry/alert"
 	"github.com/ferrymq/ferry/console"
+	"github.com/ferrymq/ferry/outbox"
 )
 
 // TestOverviewShowsStoredAlertState: a console that does not run the
@@ -21,7 +25,7 @@ func TestOverviewShowsStoredAlertState(t *testing.T) {
 	c := newClient(t, bu.base)
 	code, body, _ := c.get("/")
 	require.Equal(t, 200, code, body)
-	require.Contains(t, body, "not run: no relay on this database runs the alert now")
+	require.Contains(t, body, "not run: no relay runs on this database now")
 
 	// A relay's alert on the same database leads, the backlog at the
 	// threshold: nothing is stored, yet the rule runs.
@@ -65,7 +69,7 @@ func TestOverviewShowsStoredAlertState(t *testing.T) {
 	require.NoError(t, a.Close())
 	_, body, _ = c.get("/")
 	require.Contains(t, body, "firing, backlog above the threshold since")
-	require.Contains(t, body, "(no relay on this database runs the alert now)")
+	require.Contains(t, body, "(no relay runs on this database now)")
 }
 
 // With a WAL relay on the database (its slot registered in
@@ -83,4 +87,38 @@ func TestOverviewSaysWhatWALModeCannotShow(t *testing.T) {
 	require.Contains(t, body, "A WAL relay publishes from this database (slot ferry_default)")
 	_, body, _ = c.get("/story?q=no-such-app-id")
 	require.Contains(t, body, "a WAL relay runs here")
+}
+
+// TestOverviewWithARelayRunning: while a relay runs without the alert, the
+// alert card says so (it used to say that no relay runs), and the rate
+// chart draws the dead-lettered messages beside the published and handled.
+func TestOverviewWithARelayRunning(t *testing.T) {
+	bu := setup(t, "nats", console.Config{Token: testToken})
+	for range 3 {
+		bu.enqueue(t, outbox.Event{Type: "job.run", Body: []byte(`{}`)})
+	}
+	bu.waitDead(t, 3)
+	c := newClient(t, bu.base)
+	var body string
+	// The dead-lettered count is read from the workers' records, written
+	// as each message is dead-lettered: wait for the third.
+	for i := 0; ; i++ {
+		_, body, _ = c.get("/")
+		if strings.Contains(body, `data-live="dead_15m">3<`) {
+			break
+		}
+		require.Less(t, i, 100, "the overview never counted 3 dead-lettered:\n%s", body)
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Contains(t, body, "not run: 1 relay(s) run on this database, none with the alert: give one --alert-threshold")
+	require.NotContains(t, body, "no relay runs")
+	dead := regexp.MustCompile(`<rect class="dead" x="\d+" y="\d+" width="11" height="(\d+)">`).FindAllStringSubmatch(body, -1)
+	require.NotEmpty(t, dead, "the chart has a dead-lettered series")
+	tallest := 0
+	for _, m := range dead {
+		h, _ := strconv.Atoi(m[1])
+		tallest = max(tallest, h)
+	}
+	require.Positive(t, tallest, "a dead-lettered bar is drawn")
+	require.Contains(t, body, `<span class="dead">■</span> dead-lettered`)
 }

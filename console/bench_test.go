@@ -95,22 +95,24 @@ FROM generate_series(1, 1000000) g`)
 	var report string
 	for _, p := range pages {
 		var runs []time.Duration
+		var size int64
 		b.Run(p.name, func(b *testing.B) {
 			for b.Loop() {
 				t0 := time.Now()
 				resp, err := client.Get(bu.base + p.path)
 				require.NoError(b, err)
-				_, _ = io.Copy(io.Discard, resp.Body)
+				size, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				require.Equal(b, http.StatusOK, resp.StatusCode, p.path)
 				runs = append(runs, time.Since(t0))
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/page")
+			b.ReportMetric(float64(size), "bytes/page")
 		})
 		sort.Slice(runs, func(i, j int) bool { return runs[i] < runs[j] })
 		if len(runs) > 0 {
-			report += fmt.Sprintf("  %-26s median %7.1f ms  slowest %7.1f ms  (%d runs)\n", p.name,
-				float64(runs[len(runs)/2].Microseconds())/1000, float64(runs[len(runs)-1].Microseconds())/1000, len(runs))
+			report += fmt.Sprintf("  %-26s median %7.1f ms  slowest %7.1f ms  (%d runs)  %8d bytes\n", p.name,
+				float64(runs[len(runs)/2].Microseconds())/1000, float64(runs[len(runs)-1].Microseconds())/1000, len(runs), size)
 		}
 	}
 	b.Logf("page timings on %s, 1,000,000 outbox rows, 100,000 parked, %d dead:\n%s", brokerName, dead, report)

@@ -43,13 +43,9 @@ func artefacts(t *testing.T) string {
 	return dir
 }
 
-// TestConsoleInBrowser drives the console in headless Chromium on every
-// broker: a failing handler puts a message with a hostile body into the
-// DLQ; the test finds it by its app id, sees the body as text (no script
-// ran, no element was made of it), replays it with the token, and sees it
-// handled on its story page; the overview's backlog is what `ferry outbox
-// stats` says. Screenshots of each page are saved (the path is logged).
-func TestConsoleInBrowser(t *testing.T) {
+// newBrowser starts headless Chromium for the test and returns its
+// context; a tab is chromedp.NewContext of it.
+func newBrowser(t *testing.T) context.Context {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium(t)), chromedp.NoSandbox,
 		chromedp.WindowSize(1280, 1000), chromedp.Flag("disable-dev-shm-usage", true))
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
@@ -57,6 +53,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	browser, cancelBrowser := chromedp.NewContext(alloc)
 	t.Cleanup(cancelBrowser)
 	require.NoError(t, chromedp.Do(browser, chromedp.Navigate("about:blank")), "start chromium")
+	return browser
+}
+
+// TestConsoleInBrowser drives the console in headless Chromium on every
+// broker: a failing handler puts a message with a hostile body into the
+// DLQ; the test finds it by its app id, sees the body as text (no script
+// ran, no element was made of it), replays it with the token, and sees it
+// handled on its story page; the overview's backlog is what `ferry outbox
+// stats` says. Screenshots of each page are saved (the path is logged).
+func TestConsoleInBrowser(t *testing.T) {
+	browser := newBrowser(t)
 	dir := artefacts(t)
 	t.Logf("screenshots in %s", dir)
 

@@ -249,11 +249,13 @@ func TestDLQGroupReplayAndPurge(t *testing.T) {
 	q := url.QueryEscape(bu.queue)
 	code, body, _ := c.get("/dlq?queue=" + q)
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, ">3</a></td><td class=\"err\">handler refuses &lt;b&gt;this&lt;/b&gt; message")
-	code, body, _ = c.get("/dlq/confirm?op=purge&scope=group&queue=" + q + "&reason=" + url.QueryEscape("handler refuses <b>this</b> message"))
+	require.Contains(t, body, ">3</a></td><td class=\"err\">handler refuses &lt;b&gt;this&lt;/b&gt; message N</td>", "three messages, each its id in its error: one cause")
+	require.Equal(t, 1, strings.Count(body, "replay group"), "one group")
+	require.Contains(t, body, "sample (message id, app id)")
+	code, body, _ = c.get("/dlq/confirm?op=purge&scope=group&queue=" + q + "&reason=" + url.QueryEscape("handler refuses <b>this</b> message N"))
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "Purge 3 message(s)")
-	code, body = c.post("/dlq/purge", url.Values{"queue": {bu.queue}, "scope": {"group"}, "reason": {"handler refuses <b>this</b> message"},
+	code, body = c.post("/dlq/purge", url.Values{"queue": {bu.queue}, "scope": {"group"}, "reason": {"handler refuses <b>this</b> message N"},
 		"csrf": {c.csrf}, "token": {testToken}, "operator": {"tester"}}, nil)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "3 message(s) purged")
@@ -279,6 +281,7 @@ func TestReadingBeyondLoopbackNeedsToken(t *testing.T) {
 			continue
 		}
 		require.Equal(t, http.StatusUnauthorized, rec.Code)
+		require.Contains(t, rec.Body.String(), `<a id="login" href="/ops/login">`, "the 401 page links to the login page")
 		req.Header.Set("Authorization", "Bearer "+token)
 		rec = httptest.NewRecorder()
 		h.ServeHTTP(rec, req)

@@ -24,6 +24,11 @@ import (
 // pageSize is the number of items of a list page.
 const pageSize = 50
 
+// maxGroups is the most causes the DLQ page lists (largest first); the
+// rest are counted in one line, and the messages table below still finds
+// them (filter by error).
+const maxGroups = 50
+
 var funcs = template.FuncMap{
 	"text": text,
 	"ts": func(t time.Time) string {
@@ -109,8 +114,8 @@ type queueSummary struct {
 }
 
 type bar struct {
-	X, HP, YP, HH, YH int
-	Label             string
+	X, HP, YP, HH, YH, HD, YD int
+	Label                     string
 }
 
 type overviewData struct {
@@ -155,15 +160,16 @@ func (c *Console) overviewData(r *http.Request) (*overviewData, error) {
 		d.Published += p.Published
 		d.Handled += p.Handled
 		d.Dead += p.Dead
-		d.Peak = max(d.Peak, p.Published, p.Handled)
+		d.Peak = max(d.Peak, p.Published, p.Handled, p.Dead)
 	}
-	// The chart: two bars per minute, 100 px high at the peak.
+	// The chart: three bars per minute (published, handled,
+	// dead-lettered), 100 px high at the peak.
 	for i, p := range rates {
 		b := bar{X: i * 40, Label: p.Minute.UTC().Format("15:04")}
 		if d.Peak > 0 {
-			b.HP, b.HH = int(p.Published*100/d.Peak), int(p.Handled*100/d.Peak)
+			b.HP, b.HH, b.HD = int(p.Published*100/d.Peak), int(p.Handled*100/d.Peak), int(p.Dead*100/d.Peak)
 		}
-		b.YP, b.YH = 110-b.HP, 110-b.HH
+		b.YP, b.YH, b.YD = 110-b.HP, 110-b.HH, 110-b.HD
 		d.Bars = append(d.Bars, b)
 	}
 	for _, q := range c.cfg.Queues {
@@ -378,6 +384,8 @@ type dlqData struct {
 	Err                  string
 	Total                int
 	Groups               []dlq.Group
+	OtherGroups          int // the causes past maxGroups, not shown
+	OtherMessages        int // their messages
 	AppID, Error, Reason string
 	HasReason            bool
 	Match                []broker.DeadMessage
@@ -429,6 +437,13 @@ func (c *Console) dlqPage(w http.ResponseWriter, r *http.Request) {
 		d.Err = rd.err.Error()
 	}
 	d.Groups = rd.groups
+	if len(d.Groups) > maxGroups {
+		d.Groups = rd.groups[:maxGroups]
+		for _, g := range rd.groups[maxGroups:] {
+			d.OtherGroups++
+			d.OtherMessages += g.Count
+		}
+	}
 	f := c.dlqFilter(q)
 	d.Filtered = !f.Empty()
 	match := dlq.Match(rd.msgs, f)
@@ -690,7 +705,16 @@ func (c *Console) alertState(ctx context.Context) (string, error) {
 	}
 	lead := "a relay on this database leads the alert"
 	if !st.Leader {
-		lead = "no relay on this database runs the alert now"
+		poll, wal, err := outbox.RunningRelays(ctx, c.cfg.Pool)
+		if err != nil {
+			return "", err
+		}
+		switch n := poll + wal; n {
+		case 0:
+			lead = "no relay runs on this database now"
+		default:
+			lead = fmt.Sprintf("%d relay(s) run on this database, none with the alert: give one --alert-threshold", n)
+		}
 	}
 	if !found {
 		if st.Leader {

@@ -3,7 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -70,7 +70,10 @@ func setup(t testing.TB, brokerName string, cfg console.Config) *bundle {
 	bu.failing.Store(true)
 	if brokerName != "" {
 		b, err := ferrycli.OpenBroker(ctx, brokerName, brokerOptions())
-		require.NoError(t, err, "open %s (is it running? compose/local/services.sh up)", brokerName)
+		if err != nil {
+			testenv.Require(t, brokerName) // says which server is missing and how to start it
+		}
+		require.NoError(t, err, "open %s", brokerName)
 		t.Cleanup(func() { _ = b.Close() })
 		bu.b = b
 		ex := testenv.UniqueName("console")
@@ -82,7 +85,9 @@ func setup(t testing.TB, brokerName string, cfg console.Config) *bundle {
 			Workers: []worker.Config{{Queue: bu.queue, Concurrency: 2, Policy: worker.BackoffPolicy{MaxAttempts: 2, Delays: []time.Duration{time.Second}},
 				Handler: func(_ context.Context, _ pgx.Tx, m *broker.Message) error {
 					if bu.failing.Load() {
-						return worker.Permanent(errors.New("handler refuses <b>this</b> message"))
+						// The message's own id in the text, as real errors
+						// carry one (the DLQ page groups them as one cause).
+						return worker.Permanent(fmt.Errorf("handler refuses <b>this</b> message %s", m.ID))
 					}
 					bu.handled.Add(1)
 					return nil

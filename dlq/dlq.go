@@ -29,9 +29,10 @@ type Filter struct {
 	// AppIDs keeps the messages whose application id (the header
 	// broker.HeaderAppID) is one of these; empty keeps all.
 	AppIDs []string
-	// Reason keeps the messages whose last error is exactly this (a group
-	// of GroupByReason); empty keeps all. Set HasReason to select the
-	// group of messages with an empty last error.
+	// Reason keeps the messages whose last error has this cause (Cause:
+	// a group of GroupByReason; a last error as it is selects its cause's
+	// group too); empty keeps all. Set HasReason to select the group of
+	// messages with an empty last error.
 	Reason    string
 	HasReason bool
 }
@@ -47,6 +48,7 @@ func Match(msgs []broker.DeadMessage, f Filter) []broker.DeadMessage {
 		return msgs
 	}
 	text := strings.ToLower(f.ErrorContains)
+	cause := Cause(f.Reason)
 	ids := map[string]bool{}
 	for _, id := range f.AppIDs {
 		ids[id] = true
@@ -59,7 +61,7 @@ func Match(msgs []broker.DeadMessage, f Filter) []broker.DeadMessage {
 		if len(ids) > 0 && !ids[AppID(m)] {
 			continue
 		}
-		if (f.Reason != "" || f.HasReason) && m.LastError != f.Reason {
+		if (f.Reason != "" || f.HasReason) && Cause(m.LastError) != cause {
 			continue
 		}
 		out = append(out, m)
@@ -89,9 +91,12 @@ func FirstFailed(m broker.DeadMessage) time.Time {
 	return m.DeadAt
 }
 
-// Group is the dead messages of one DLQ that share a last error.
+// Group is the dead messages of one DLQ whose last errors have the same
+// cause (Cause).
 type Group struct {
-	// Reason is the last error they share (broker.HeaderLastError).
+	// Reason is the cause they share: Cause of their last error
+	// (broker.HeaderLastError), e.g. "app: notification N: smtp <addr>:
+	// ... connection refused"; Sample.LastError is one of them as it is.
 	Reason string
 	// Count is the number of messages in the group.
 	Count int
@@ -104,16 +109,18 @@ type Group struct {
 	Sample broker.DeadMessage
 }
 
-// GroupByReason groups msgs by their last error, the largest group first
-// (ties: the one seen last first, then by reason).
+// GroupByReason groups msgs by the cause of their last error (Cause: the
+// same failure with other ids, addresses, numbers or times is one group),
+// the largest group first (ties: the one seen last first, then by reason).
 func GroupByReason(msgs []broker.DeadMessage) []Group {
 	byReason := map[string]*Group{}
 	var order []*Group
 	for _, m := range msgs {
-		g := byReason[m.LastError]
+		cause := Cause(m.LastError)
+		g := byReason[cause]
 		if g == nil {
-			g = &Group{Reason: m.LastError, Sample: m}
-			byReason[m.LastError] = g
+			g = &Group{Reason: cause, Sample: m}
+			byReason[cause] = g
 			order = append(order, g)
 		}
 		g.Count++

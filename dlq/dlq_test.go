@@ -1,6 +1,7 @@
 package dlq_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -50,4 +51,24 @@ func TestMatchAndGroup(t *testing.T) {
 	require.Equal(t, []string{"9"}, dlq.Missing([]string{"1", "9"}, []string{"1"}))
 	require.Equal(t, []string{"3"}, dlq.IDs(dlq.Pick(msgs, []string{"3"})))
 	require.Len(t, dlq.Pick(msgs, nil), 4)
+}
+
+// TestGroupByCause: the same failure of many messages, with their own ids
+// and times in the text, is one group, and selecting that group (as the
+// console's "replay group" does) selects all of them and no other.
+func TestGroupByCause(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var msgs []broker.DeadMessage
+	for i := range 968 {
+		msgs = append(msgs, dead(fmt.Sprint(i), fmt.Sprint(i), fmt.Sprintf("app: notification %d: smtp 127.0.0.1:1025: dial tcp 127.0.0.1:1025: connect: connection refused", i+1), t0, t0.Add(time.Duration(i)*time.Millisecond)))
+	}
+	msgs = append(msgs, dead("x", "x", "app: notification 5: smtp 127.0.0.1:1025: 550 5.1.1 mailbox unavailable", t0, t0))
+	g := dlq.GroupByReason(msgs)
+	require.Len(t, g, 2)
+	require.Equal(t, 968, g[0].Count)
+	require.Equal(t, "app: notification N: smtp <addr>: dial tcp <addr>: connect: connection refused", g[0].Reason)
+	require.Equal(t, "0", g[0].Sample.Message.ID)
+	require.Len(t, dlq.Match(msgs, dlq.Filter{Reason: g[0].Reason}), 968)
+	require.Len(t, dlq.Match(msgs, dlq.Filter{Reason: msgs[7].LastError}), 968, "a last error as it is selects its cause's group")
+	require.Equal(t, []string{"x"}, dlq.IDs(dlq.Match(msgs, dlq.Filter{Reason: g[1].Reason})))
 }

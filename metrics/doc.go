@@ -13,9 +13,13 @@
 //	ferry_relay_published_total                    counter    rows published (broker-confirmed)
 //	ferry_relay_publish_errors_total               counter    rows whose publication failed
 //	ferry_relay_batch_duration_seconds             histogram  one relay batch, claim to commit
+//	ferry_relay_blocked{reason}                    gauge      1 while the broker has no room and the relay
+//	                                                          holds its rows, reason the broker's words
+//	                                                          (SetRelayBlocked); reason="" 0 otherwise
 //	ferry_worker_messages_total{outcome}           counter    deliveries settled, by outcome:
-//	                                                          ack, retry, dead, duplicate (what the
-//	                                                          broker took), unsettled (what it did not)
+//	                                                          ack, retry, dead, duplicate, snoozed
+//	                                                          (what the broker took), unsettled
+//	                                                          (what it did not)
 //	ferry_worker_handler_duration_seconds          histogram  one handling attempt
 //	ferry_worker_end_to_end_latency_seconds        histogram  outbox row created -> handled
 //	ferry_worker_settle_failures_total{op,reason}  counter    settlements the broker did not take:
@@ -37,7 +41,8 @@
 // OutboxCollector (with a short timeout), so they are right on every
 // replica, even one whose relay is idle, and cost nothing between scrapes.
 // The relay and worker series are fed by the hooks of those packages:
-// outbox.RelayConfig.OnBatch calls ObserveBatch, worker.Config.OnOutcome
+// outbox.RelayConfig.OnBatch calls ObserveBatch, OnBlocked
+// SetRelayBlocked, worker.Config.OnOutcome
 // calls ObserveOutcome and worker.Config.OnSettleFailure calls
 // ObserveSettleFailure (a failed Ack counts there and as outcome
 // unsettled, never as ack). A nil *Metrics accepts every call and records

@@ -17,7 +17,7 @@ func TestPackageDocListsEverySeries(t *testing.T) {
 	require.NoError(t, err)
 	for _, name := range []string{
 		metrics.OutboxUnprocessedRows, metrics.OutboxOldestAgeSeconds, metrics.OutboxParkedRows,
-		metrics.RelayPublishedTotal, metrics.RelayPublishErrorsTotal, metrics.RelayBatchDuration,
+		metrics.RelayPublishedTotal, metrics.RelayPublishErrorsTotal, metrics.RelayBatchDuration, metrics.RelayBlocked,
 		metrics.WorkerMessagesTotal, metrics.WorkerHandlerDuration, metrics.WorkerEndToEndLatency,
 	} {
 		listed := strings.Contains(string(doc), "//\t"+name+" ") || strings.Contains(string(doc), "//\t"+name+"{")
@@ -26,7 +26,7 @@ func TestPackageDocListsEverySeries(t *testing.T) {
 	_, outcomes, ok := strings.Cut(string(doc), "deliveries settled, by outcome:")
 	require.True(t, ok)
 	outcomes, _, _ = strings.Cut(outcomes, metrics.WorkerHandlerDuration)
-	for _, o := range []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate, metrics.OutcomeUnsettled} {
+	for _, o := range []string{metrics.OutcomeAck, metrics.OutcomeRetry, metrics.OutcomeDead, metrics.OutcomeDuplicate, metrics.OutcomeUnsettled, metrics.OutcomeSnoozed} {
 		require.Contains(t, outcomes, o, "doc.go lists the outcome %s", o)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +28,7 @@ const (
 	RelayPublishedTotal      = "ferry_relay_published_total"
 	RelayPublishErrorsTotal  = "ferry_relay_publish_errors_total"
 	RelayBatchDuration       = "ferry_relay_batch_duration_seconds"
+	RelayBlocked             = "ferry_relay_blocked"
 	WorkerMessagesTotal      = "ferry_worker_messages_total"
 	WorkerHandlerDuration    = "ferry_worker_handler_duration_seconds"
 	WorkerEndToEndLatency    = "ferry_worker_end_to_end_latency_seconds"
@@ -47,6 +50,10 @@ const (
 	// OutcomeUnsettled: a failed attempt whose Retry or DeadLetter the
 	// broker did not take; the broker redelivers the message.
 	OutcomeUnsettled = "unsettled"
+	// OutcomeSnoozed: a delivery sent back for later without counting an
+	// attempt (worker.Snooze, ferry.RetryAfter, a concurrency or rate
+	// limit reached).
+	OutcomeSnoozed = "snoozed"
 )
 
 // ErrConfig is wrapped by the errors New and NewOutboxCollector return for
@@ -70,6 +77,9 @@ type Metrics struct {
 	published      prometheus.Counter
 	publishErrors  prometheus.Counter
 	batchDuration  prometheus.Histogram
+	blocked        *prometheus.GaugeVec
+	blockedMu      sync.Mutex
+	blockedReason  string
 	messages       *prometheus.CounterVec
 	handlerSeconds prometheus.Histogram
 	latency        prometheus.Histogram
@@ -104,6 +114,10 @@ func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
 			Help:    "Duration of one relay batch, from claiming the rows to committing them, in seconds.",
 			Buckets: BatchBuckets,
 		}),
+		blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: RelayBlocked,
+			Help: "1 while the relay holds its rows because the broker has no room (a RabbitMQ memory or disk alarm, a Kafka partition short of in-sync replicas, a full JetStream stream), with the broker's reason in the reason label; one series with reason=\"\" and value 0 otherwise.",
+		}, []string{ReasonLabel}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: WorkerMessagesTotal,
 			Help: "Deliveries the worker settled, by outcome (ack, retry, dead, duplicate, unsettled); ack, retry, dead and duplicate count only settlements the broker took, unsettled those it did not.",
@@ -129,11 +143,12 @@ func New(reg prometheus.Registerer, brokerName string) (*Metrics, error) {
 			m.settleFailures.WithLabelValues(string(op), r) // export zeros, so increase() sees the first failure
 		}
 	}
-	for _, o := range []string{OutcomeAck, OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled} {
+	for _, o := range []string{OutcomeAck, OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled, OutcomeSnoozed} {
 		m.messages.WithLabelValues(o) // export zeros, so rate() works from the first delivery
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{BrokerLabel: brokerName}, reg)
-	for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchDuration, m.messages, m.handlerSeconds, m.latency, m.settleFailures} {
+	m.blocked.WithLabelValues("").Set(0)
+	for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchDuration, m.blocked, m.messages, m.handlerSeconds, m.latency, m.settleFailures} {
 		if err := wrapped.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}
@@ -159,8 +174,45 @@ func (m *Metrics) ObserveBatch(published, failed int, duration time.Duration) {
 	m.batchDuration.Observe(duration.Seconds())
 }
 
+// MaxBlockedReasonBytes bounds the reason label of RelayBlocked (bytes);
+// a longer reason is cut at a UTF-8 boundary.
+const MaxBlockedReasonBytes = 128
+
+// SetRelayBlocked records the relay's blocked state: reason is the
+// broker's reason while the relay holds its rows because the broker has
+// no room, "" when it is not blocked. The series of the previous reason is
+// removed, so RelayBlocked has one series at a time. It fits
+// outbox.RelayConfig.OnBlocked:
+//
+//	OnBlocked: m.SetRelayBlocked
+func (m *Metrics) SetRelayBlocked(reason string) {
+	if m == nil {
+		return
+	}
+	reason = strings.ToValidUTF8(reason, "\uFFFD")
+	if len(reason) > MaxBlockedReasonBytes {
+		cut := MaxBlockedReasonBytes
+		for cut > 0 && (reason[cut]&0xC0) == 0x80 {
+			cut--
+		}
+		reason = reason[:cut]
+	}
+	m.blockedMu.Lock()
+	defer m.blockedMu.Unlock()
+	if reason == m.blockedReason {
+		return
+	}
+	m.blocked.DeleteLabelValues(m.blockedReason)
+	m.blockedReason = reason
+	if reason == "" {
+		m.blocked.WithLabelValues("").Set(0)
+	} else {
+		m.blocked.WithLabelValues(reason).Set(1)
+	}
+}
+
 // ObserveOutcome records one settled delivery: the outcome (OutcomeAck,
-// OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled; any other non-empty value is
+// OutcomeRetry, OutcomeDead, OutcomeDuplicate, OutcomeUnsettled, OutcomeSnoozed; any other non-empty value is
 // counted under its own label, an empty one as "unknown") and the time the
 // attempt took. For OutcomeAck it also records the end-to-end latency from
 // msg's broker.HeaderCreatedAt header; a message without a parseable one

@@ -72,7 +72,7 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 	known := map[string]bool{
 		metrics.OutboxUnprocessedRows: true, metrics.OutboxOldestAgeSeconds: true,
 		metrics.OutboxWALRetainedBytes: true, metrics.OutboxWALOldestSeconds: true,
-		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true,
+		metrics.RelayPublishedTotal: true, metrics.RelayPublishErrorsTotal: true, metrics.RelayBlocked: true,
 		metrics.WorkerMessagesTotal: true, metrics.WorkerSettleFailures: true,
 		metrics.QueueOldestAgeSeconds: true, metrics.QueueRetentionSeconds: true, metrics.QueueMessages: true,
 	}

@@ -101,7 +101,7 @@
 //   - Resolution: a row that becomes due is found by the relay's next
 //     poll, so it is published within outbox.RelayConfig.PollInterval
 //     (default 500 ms) after t, plus the broker's confirm and delivery
-//     (tested: 200 events due at times spread over a minute are each
+//     (tested: 200 events due at times spread over 20 s are each
 //     handled no earlier than due and within a second after, on every
 //     broker). Lower PollInterval for a finer resolution, at the cost of
 //     one claim query per interval per relay.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
-	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
@@ -26,7 +25,7 @@ type welcome struct {
 // Runs against the PostgreSQL of compose/local/services.sh.
 func ExampleUnique() {
 	ctx := context.Background()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -67,7 +66,7 @@ func ExampleUnique() {
 func ExampleWithDestination() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -79,7 +78,7 @@ func ExampleWithDestination() {
 		return
 	}
 	defer pool.Close()
-	b, err := ferrycli.OpenBroker(ctx, "rabbitmq", brokerOptions())
+	b, err := exampleBroker(ctx, "rabbitmq")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -128,4 +127,38 @@ func ExampleWithDestination() {
 	// Output:
 	// handled: mine
 	// still waiting for its own relay: default 0
+}
+
+// ExampleEnqueueMany stores the welcome emails of three users in one
+// INSERT inside the caller's transaction: they are published if and only
+// if it commits, and the ids come back in the order of the args.
+// Runs against the PostgreSQL of compose/local/services.sh.
+func ExampleEnqueueMany() {
+	ctx := context.Background()
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer drop()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		fmt.Println(err)
+		return
+	}
+	users := []welcome{{UserID: "u1"}, {UserID: "u2"}, {UserID: "u3"}}
+	var ids []int64
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		ids, err = ferry.EnqueueMany(ctx, tx, "email.welcome", users)
+		return err
+	})
+	var rows int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE event_type = 'email.welcome'`).Scan(&rows)
+	fmt.Println(err, len(ids), ids[0] < ids[1] && ids[1] < ids[2], rows)
+	// Output: <nil> 3 true 3
 }

@@ -203,7 +203,7 @@ func onEveryBroker(f func(ctx context.Context, name string, pool *pgxpool.Pool, 
 func withBroker(name string, f func(ctx context.Context, pool *pgxpool.Pool, b broker.Broker) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		return err
 	}
@@ -216,7 +216,7 @@ func withBroker(name string, f func(ctx context.Context, pool *pgxpool.Pool, b b
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
+	b, err := exampleBroker(ctx, name)
 	if err != nil {
 		return err
 	}

@@ -19,14 +19,13 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
-	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/metrics"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
 
-// README: observability begin (the README's "Metrics and logs in your service" shows this code verbatim)
+// README: observability begin (docs/library.md's "Metrics and logs in your service" shows this code verbatim)
 
 // instrument gives cfg the metrics and logs of the ferry command. The
 // relay's OnBatch and the workers' OnOutcome hooks feed package metrics'
@@ -128,7 +127,7 @@ func Example_instrument() {
 func instrumentOn(name string) (err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		return err
 	}
@@ -141,7 +140,7 @@ func instrumentOn(name string) (err error) {
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
+	b, err := exampleBroker(ctx, name)
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ func Example_periodic() {
 func examplePeriodicOn(name string) (err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func examplePeriodicOn(name string) (err error) {
 		return err
 	}
 	defer pool.Close()
-	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
+	b, err := exampleBroker(ctx, name)
 	if err != nil {
 		return err
 	}

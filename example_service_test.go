@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,7 +100,7 @@ func Example() {
 func exampleOn(name string) (err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		return err
 	}
@@ -111,7 +110,7 @@ func exampleOn(name string) (err error) {
 		return err
 	}
 	defer pool.Close()
-	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
+	b, err := exampleBroker(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -148,32 +147,4 @@ func exampleOn(name string) (err error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// exampleDatabase creates a fresh database on the server of
-// FERRY_DATABASE_URL and returns its URL and a function dropping it.
-func exampleDatabase(ctx context.Context) (string, func(), error) {
-	base := testenv.DatabaseURL()
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return "", nil, err
-	}
-	defer conn.Close(ctx)
-	name := "ferry_example_" + fmt.Sprint(time.Now().UnixNano())
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", nil, err
-	}
-	u, err := url.Parse(base)
-	if err != nil {
-		return "", nil, err
-	}
-	u.Path = "/" + name
-	drop := func() {
-		c, err := pgx.Connect(context.Background(), base)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			_ = c.Close(context.Background())
-		}
-	}
-	return u.String(), drop, nil
 }

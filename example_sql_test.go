@@ -12,7 +12,6 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/broker"
-	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
@@ -81,7 +80,7 @@ func Example_sqlHandler() {
 func exampleSQLOn(name string) (err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, drop, err := exampleDatabase(ctx)
+	dsn, drop, err := testenv.ExampleDatabase(ctx)
 	if err != nil {
 		return err
 	}
@@ -91,7 +90,7 @@ func exampleSQLOn(name string) (err error) {
 		return err
 	}
 	defer pool.Close()
-	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
+	b, err := exampleBroker(ctx, name)
 	if err != nil {
 		return err
 	}

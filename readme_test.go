@@ -27,15 +27,11 @@ func TestREADMEShowsTheExample(t *testing.T) {
 	require.True(t, ok, "the README: end marker is missing")
 	code = strings.TrimSpace(code)
 
-	readme, err := os.ReadFile("README.md")
-	require.NoError(t, err)
-	_, section, ok := strings.Cut(string(readme), "\n## Use ferry in your service\n")
-	require.True(t, ok, "README has no section \"Use ferry in your service\"")
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := docSection(t, "README.md", "## Use ferry in your service")
 	require.Contains(t, section, "```go\n"+code+"\n```", "README's code differs from example_service_test.go; copy it over")
 }
 
-// TestREADMEShowsTheObservabilityExample keeps the README's "Metrics and
+// TestREADMEShowsTheObservabilityExample keeps docs/library.md's "Metrics and
 // logs in your service" code identical to instrument in
 // example_observability_test.go, which Example_instrument runs.
 func TestREADMEShowsTheObservabilityExample(t *testing.T) {
@@ -48,17 +44,13 @@ func TestREADMEShowsTheObservabilityExample(t *testing.T) {
 	require.True(t, ok, "the README: observability end marker is missing")
 	code = strings.TrimSpace(code)
 
-	readme, err := os.ReadFile("README.md")
-	require.NoError(t, err)
-	_, section, ok := strings.Cut(string(readme), "\n### Metrics and logs in your service\n")
-	require.True(t, ok, "README has no section \"Metrics and logs in your service\"")
-	section, _, _ = strings.Cut(section, "\n## ")
-	require.Contains(t, section, "```go\n"+code+"\n```", "README's code differs from instrument in example_observability_test.go; copy it over")
+	section := docSection(t, "docs/library.md", "## Metrics and logs in your service")
+	require.Contains(t, section, "```go\n"+code+"\n```", "docs/library.md's code differs from instrument in example_observability_test.go; copy it over")
 }
 
 // selectionFlags are the flags of the one-shot commands (dlq, outbox,
 // replay) that pick the messages or rows the command acts on, or confirm
-// it: by the README's rule they read no environment variable, so that a
+// it: by the rule in docs/flags.md they read no environment variable, so that a
 // variable left in the environment never picks, confirms or deletes a
 // message. Their other flags (--queue, --exchange, the broker's and the
 // database's) read the FERRY_<NAME> of the role commands.
@@ -121,9 +113,9 @@ func wantEnv(cmds map[string]*cli.Command, cmd, name string) string {
 	return envName("FERRY_", name)
 }
 
-// TestEveryFlagReadsTheVariableTheREADMESays checks the README's rule for
+// TestEveryFlagReadsTheVariableTheREADMESays checks the rule of docs/flags.md for
 // environment variables on every flag of every command the help lists,
-// and that every variable the README's flag table names is the one the
+// and that every variable docs/flags.md's flag table names is the one the
 // flag reads.
 func TestEveryFlagReadsTheVariableTheREADMESays(t *testing.T) {
 	cmds := visibleCommands()
@@ -144,13 +136,9 @@ func TestEveryFlagReadsTheVariableTheREADMESays(t *testing.T) {
 		}
 	}
 
-	readme, err := os.ReadFile("README.md")
-	require.NoError(t, err)
-	_, flags, ok := strings.Cut(string(readme), "\n### Flags\n")
-	require.True(t, ok, "README has no section Flags")
-	flags, _, _ = strings.Cut(flags, "\n## ")
+	flags := docText(t, "docs/flags.md")
 	for _, s := range []string{"FERRY_DEMO_", "FERRY_BENCH_", "`--yes`", "`--id`"} {
-		require.True(t, strings.Contains(flags, s), "the README's Flags section states the rule for %s", s)
+		require.True(t, strings.Contains(flags, s), "docs/flags.md states the rule for %s", s)
 	}
 	rows := 0
 	for _, line := range strings.Split(flags, "\n") {
@@ -163,13 +151,13 @@ func TestEveryFlagReadsTheVariableTheREADMESays(t *testing.T) {
 		envs := regexp.MustCompile("`(FERRY_[A-Z0-9_]+)`").FindAllStringSubmatch(cells[2], -1)
 		for i, n := range names {
 			env, ok := envOf[n[1]]
-			require.True(t, ok, "the README's flag table lists --%s, which no command has", n[1])
+			require.True(t, ok, "docs/flags.md's flag table lists --%s, which no command has", n[1])
 			if len(envs) == len(names) {
-				require.Equal(t, env, envs[i][1], "the README's flag table: the variable of --%s", n[1])
+				require.Equal(t, env, envs[i][1], "docs/flags.md's flag table: the variable of --%s", n[1])
 			}
 		}
 	}
-	require.Greater(t, rows, 20, "the README's flag table was not found")
+	require.Greater(t, rows, 20, "docs/flags.md's flag table was not found")
 }
 
 // TestDLQExchangeHelpNamesEveryBroker: the help of the dlq commands'
@@ -190,16 +178,18 @@ func TestDLQExchangeHelpNamesEveryBroker(t *testing.T) {
 	}
 }
 
-// TestREADMECommandsExist parses every `ferry ...` command the README
-// shows, in code blocks and in inline code: each command and subcommand
+// TestREADMECommandsExist parses every `ferry ...` command README.md and
+// docs/*.md show, in code blocks and in inline code: each command and subcommand
 // exists (a|b lists alternatives) and each --flag is one of its flags.
 func TestREADMECommandsExist(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	require.NoError(t, err)
 	cmds := visibleCommands()
 	var lines []string
 	inCode := false
-	for _, line := range strings.Split(string(readme), "\n") {
+	var text string
+	for _, file := range docFiles(t) {
+		text += docText(t, file) + "\n"
+	}
+	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(line, "```") {
 			inCode = !inCode
 			continue
@@ -273,12 +263,11 @@ func checkCommandLine(t *testing.T, cmds map[string]*cli.Command, line string, a
 	}
 }
 
-// TestREADMEShowsThePeriodicAndSQLExamples: the README's code for
+// TestREADMEShowsThePeriodicAndSQLExamples: docs/library.md's code for
 // periodic jobs and database/sql handlers is the code that
 // Example_periodic and Example_sqlHandler run.
 func TestREADMEShowsThePeriodicAndSQLExamples(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	require.NoError(t, err)
+	library := docText(t, "docs/library.md")
 	for file, tag := range map[string]string{"example_periodic_test.go": "periodic", "example_sql_test.go": "database/sql"} {
 		src, err := os.ReadFile(file)
 		require.NoError(t, err)
@@ -287,6 +276,23 @@ func TestREADMEShowsThePeriodicAndSQLExamples(t *testing.T) {
 		require.True(t, ok, "%s: no %q", file, begin)
 		code, _, ok := strings.Cut(rest, end)
 		require.True(t, ok, "%s: no %q", file, end)
-		require.Contains(t, string(readme), "```go\n"+strings.Trim(code, "\n")+"\n```", "README's code differs from %s; copy it over", file)
+		require.Contains(t, library, "```go\n"+strings.Trim(code, "\n")+"\n```", "docs/library.md's code differs from %s; copy it over", file)
 	}
+}
+
+// TestLibraryShowsTheWorkflowExample keeps docs/library.md's "Workflows"
+// code identical to fulfil in example_workflow_test.go, which
+// ExampleEnqueueWorkflow runs.
+func TestLibraryShowsTheWorkflowExample(t *testing.T) {
+	src, err := os.ReadFile("example_workflow_test.go")
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(src), "// README: workflow begin")
+	require.True(t, ok, "the README: workflow begin marker is missing")
+	_, after, _ = strings.Cut(after, "\n")
+	code, _, ok := strings.Cut(after, "// README: workflow end")
+	require.True(t, ok, "the README: workflow end marker is missing")
+	code = strings.TrimSpace(code)
+
+	section := docSection(t, "docs/library.md", "## Workflows")
+	require.Contains(t, section, "```go\n"+code+"\n```", "docs/library.md's code differs from fulfil in example_workflow_test.go; copy it over")
 }

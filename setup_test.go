@@ -30,6 +30,17 @@ func brokerOptions() ferrycli.BrokerOptions {
 	}
 }
 
+// exampleBroker opens broker name for an Example. A server that cannot be
+// reached ends the test binary with testenv's line naming it and the
+// command that starts it (testenv.MustReach): an Example has no t.Fatal.
+func exampleBroker(ctx context.Context, name string) (broker.Broker, error) {
+	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
+	if err != nil {
+		testenv.MustReach(name)
+	}
+	return b, err
+}
+
 // forEachBroker runs f as a parallel subtest for every broker the ferry
 // command wires, so a broker added to ferrycli.Brokers is tested here too.
 func forEachBroker(t *testing.T, f func(t *testing.T, name string)) {
@@ -46,6 +57,7 @@ func forEachBroker(t *testing.T, f func(t *testing.T, name string)) {
 type bundle struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
+	dsn   string // pool's database URL, for a child process
 	b     broker.Broker
 	topo  broker.Topology
 	queue string
@@ -55,14 +67,17 @@ func setup(t *testing.T, name string, bindings ...string) *bundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
-	pool, _ := testenv.NewPool(t)
+	pool, dsn := testenv.NewPool(t)
 	require.NoError(t, outbox.Migrate(ctx, pool))
 	b, err := ferrycli.OpenBroker(ctx, name, brokerOptions())
-	require.NoError(t, err, "open %s (is it running? compose/local/services.sh up)", name)
+	if err != nil {
+		testenv.Require(t, name) // says which server is missing and how to start it
+	}
+	require.NoError(t, err, "open %s", name)
 	t.Cleanup(func() { _ = b.Close() })
 	ex := testenv.UniqueName("ferrylib")
 	q := ex + ".jobs"
-	return &bundle{ctx: ctx, pool: pool, b: b, queue: q, topo: broker.Topology{
+	return &bundle{ctx: ctx, pool: pool, dsn: dsn, b: b, queue: q, topo: broker.Topology{
 		Exchange: ex,
 		Queues:   []broker.Queue{{Name: q, Bindings: bindings, RetryDelays: []time.Duration{time.Second}}},
 	}}

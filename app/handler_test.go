@@ -36,7 +36,10 @@ func mailpitSearch(t *testing.T, to string) []mailpitMessage {
 	t.Helper()
 	u := testenv.MailpitURL() + "/api/v1/search?query=" + url.QueryEscape(`to:"`+to+`"`)
 	res, err := http.Get(u)
-	require.NoError(t, err, "Mailpit HTTP API at %s (start it with compose/local/services.sh up smtp)", testenv.MailpitURL())
+	if err != nil {
+		testenv.Require(t, "mailpit")
+	}
+	require.NoError(t, err, "Mailpit HTTP API at %s", testenv.MailpitURL())
 	defer res.Body.Close()
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	var out struct{ Messages []mailpitMessage }

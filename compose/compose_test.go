@@ -30,7 +30,7 @@ const composeFile = "compose.yaml"
 var brokerProfiles = []string{"rabbitmq", "kafka", "nats", "sqs"}
 
 // clusterProfiles are the profiles that each run a 3-node cluster of one
-// broker (no ferry roles: ferry runs on the host, README "Running on a
+// broker (no ferry roles: ferry runs on the host, docs/clusters.md "Running on a
 // cluster"), with the node services' prefix.
 var clusterProfiles = map[string]string{"rabbitmq-cluster": "rabbitmq", "nats-cluster": "nats", "kafka-cluster": "kafka"}
 

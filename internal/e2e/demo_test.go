@@ -44,7 +44,7 @@ func TestDemoEmbedded(t *testing.T) {
 	require.Contains(t, out, "embedded NATS JetStream")
 	require.Contains(t, out, "built-in SMTP sink")
 	require.Contains(t, out, "50 message(s)")
-	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	require.Contains(t, out, "OK: all ")
 	mails, err := filepath.Glob(filepath.Join(dir, "mail", "*.eml"))
 	require.NoError(t, err)
 	require.Len(t, mails, 50, "the sink keeps each mail under --data-dir")
@@ -65,7 +65,7 @@ func TestDemoRabbitMQFile(t *testing.T) {
 	require.Equal(t, 968, summaryCount(t, out, "accepted"))
 	require.Equal(t, 32, summaryCount(t, out, "rejected"))
 	require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
-	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	require.Contains(t, out, "OK: all ")
 }
 
 // TestDemoWAL runs `ferry demo --relay-mode=wal` twice: with no other
@@ -81,7 +81,7 @@ func TestDemoWAL(t *testing.T) {
 		require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
 		require.Equal(t, 50, summaryCount(t, out, "sent"))
 		require.Contains(t, out, "embedded PostgreSQL")
-		require.Contains(t, out, "OK: every accepted notification is sent or dead")
+		require.Contains(t, out, "OK: all ")
 	})
 	t.Run("rabbitmq", func(t *testing.T) {
 		file := filepath.Join(testenv.RepoRoot(), "..", "shared", "data", "notifications-1000.ndjson")
@@ -93,7 +93,7 @@ func TestDemoWAL(t *testing.T) {
 		require.Equal(t, 0, code, "stderr:\n%s", tail(errOut, 8<<10))
 		require.Equal(t, 968, summaryCount(t, out, "accepted"))
 		require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
-		require.Contains(t, out, "OK: every accepted notification is sent or dead")
+		require.Contains(t, out, "OK: all ")
 	})
 }
 
@@ -112,7 +112,7 @@ func TestDemoKafkaFile(t *testing.T) {
 	require.Equal(t, 968, summaryCount(t, out, "accepted"))
 	require.Equal(t, 32, summaryCount(t, out, "rejected"))
 	require.Equal(t, 968, summaryCount(t, out, "sent")+summaryCount(t, out, "dead"))
-	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	require.Contains(t, out, "OK: all ")
 }
 
 // TestDemoRefusedTopologyAcceptsNothing: when the broker refuses the
@@ -183,4 +183,39 @@ func TestDemoEarlyStopSummaryMatchesDatabase(t *testing.T) {
 	if n > 20 {
 		require.Regexp(t, fmt.Sprintf(`(?m)^\s+…and %d more$`, n-20), out)
 	}
+}
+
+// TestDemoNothingSentFails: with the mail server unreachable every
+// accepted notification goes to the DLQ; the demo must not call that OK.
+// It exits 1, says plainly that nothing was sent, why, and what to do;
+// it prints the dead-letter warnings as one count instead of a WARN line
+// per message (each comes back with --log-level warn), and says which
+// relay ran.
+func TestDemoNothingSentFails(t *testing.T) {
+	args := []string{"demo", "--broker=rabbitmq", "--rabbitmq-url", testenv.RabbitMQURL(),
+		"--smtp-addr", "127.0.0.1:1", // nothing listens
+		"--max-attempts", "2", "--retry-delay", "100ms"}
+	fresh := func() []string {
+		return append(args, "--database-url", testenv.NewDatabase(t),
+			"--exchange", testenv.UniqueName("e2e-demo-ex"), "--queue", testenv.UniqueName("e2e-demo-q"))
+	}
+	code, out, errOut := ferry(t, fresh()...)
+	t.Logf("%s", out)
+	require.Equal(t, 1, code, "stderr:\n%s", tail(errOut, 8<<10))
+	require.Equal(t, 0, summaryCount(t, out, "sent"))
+	require.Equal(t, 50, summaryCount(t, out, "dead"))
+	require.Contains(t, out, "FAILED: ferry demo: nothing was sent: all 50 accepted notifications are dead; 50 of them: app: notification N: smtp <addr>: dial failed")
+	require.Contains(t, out, "SMTP server 127.0.0.1:1 cannot be reached: start it, or point --smtp-addr at one")
+	require.NotContains(t, out, "OK")
+	require.Contains(t, errOut, "nothing was sent")
+	require.NotContains(t, errOut, "message dead-lettered", "per-message warnings are counted, not printed")
+	require.Contains(t, out, "50 × worker: message dead-lettered")
+	require.Regexp(t, `(?m)^ferry demo: relay:\s+poll \(`, out)
+	require.Regexp(t, `(?m)^\s+relay\s+poll \(`, out)
+	require.Regexp(t, `(?m)^\s+throughput\s+[\d.]+ notifications/s  \(50 reached a final state in [\d.]+s: the first created_at`, out)
+
+	code, out, errOut = ferry(t, append(fresh(), "--log-level", "warn")...)
+	require.Equal(t, 1, code)
+	require.Equal(t, 50, strings.Count(errOut, "worker: message dead-lettered"), "--log-level warn prints each:\n%s", tail(errOut, 4<<10))
+	require.NotContains(t, out, "× worker: message dead-lettered")
 }

@@ -321,7 +321,10 @@ func mailpitMessageIDs(t *testing.T, tag string) (distinct map[string]bool, tota
 	t.Helper()
 	q := url.Values{"query": {`subject:"` + tag + `"`}, "limit": {"5000"}}
 	resp, err := http.Get(testenv.MailpitURL() + "/api/v1/search?" + q.Encode())
-	require.NoError(t, err, "Mailpit API at %s (start it: compose/local/services.sh up smtp)", testenv.MailpitURL())
+	if err != nil {
+		testenv.Require(t, "mailpit")
+	}
+	require.NoError(t, err, "Mailpit API at %s", testenv.MailpitURL())
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	var res struct {

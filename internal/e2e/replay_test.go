@@ -28,6 +28,9 @@ func TestReplaySince(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		br, err := ferrycli.OpenBroker(ctx, b, opts)
+		if err != nil {
+			testenv.Require(t, b)
+		}
 		require.NoError(t, err)
 		defer br.Close()
 		if !br.Capabilities().Replay {

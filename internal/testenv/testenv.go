@@ -4,8 +4,12 @@
 //
 // Addresses come from the same environment variables the CLI reads
 // (FERRY_DATABASE_URL, FERRY_RABBITMQ_URL, ...), with the CLI's loopback
-// defaults. A server that does not answer fails the test: integration tests
-// never skip because a service is missing.
+// defaults. A server that does not answer, or refuses the login, fails the
+// test (Require, RequireTCP, NewDatabase) or, in an Example, ends the test
+// binary with status 1 (MustReach, ExampleDatabase), with one line that
+// names the server, the address tried, the variable that sets it and the
+// command that starts it (ServerError): integration tests never skip
+// because a service is missing.
 package testenv
 
 import (
@@ -74,22 +78,23 @@ func SMTPAddr() string { return Env("FERRY_SMTP_ADDR", "127.0.0.1:1025") }
 func MailpitURL() string { return Env("FERRY_MAILPIT_URL", "http://127.0.0.1:8025") }
 
 // RequireTCP fails the test unless addr (host:port) accepts a TCP
-// connection within 5 s. The message names the service and how to start it.
+// connection within 5 s and the server there is this checkout's
+// (CheckOwnServer); for service "postgres" at FERRY_DATABASE_URL's
+// address it also logs in. The message is ServerError's line: the
+// server, addr, the variable that sets it and the command that starts it.
 func RequireTCP(t testing.TB, service, addr string) {
 	t.Helper()
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		var c net.Conn
-		c, err = net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			if err := CheckOwnServer(service); err != nil {
-				t.Fatalf("%v", err)
-			}
-			return
+	if err := dialTCP(addr); err != nil {
+		t.Fatal(newServerError(service, addr, err).Error())
+	}
+	if service == "postgres" && addr == HostPort(DatabaseURL()) {
+		if err := loginPostgres(DatabaseURL()); err != nil {
+			t.Fatal(newServerError(service, addr, err).Error())
 		}
 	}
-	t.Fatalf("testenv: %s is not reachable at %s (%v); start it with: compose/local/services.sh up %s", service, addr, err, service)
+	if err := CheckOwnServer(service); err != nil {
+		t.Fatal(err.Error())
+	}
 }
 
 // Names of the environment variables with which compose/local/services.sh
@@ -247,10 +252,7 @@ func NewDatabase(t testing.TB) string {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
-		if oerr := CheckOwnServer("postgres"); oerr != nil {
-			t.Fatalf("%v", oerr)
-		}
-		t.Fatalf("testenv: connect %s: %v", base, err)
+		t.Fatal(newServerError("postgres", "", err).Error())
 	}
 	defer conn.Close(ctx)
 	name := fmt.Sprintf("ferry_test_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9, dbSeq.Add(1))
@@ -286,7 +288,7 @@ func NewDatabase(t testing.TB) string {
 	})
 	u, err := url.Parse(base)
 	if err != nil {
-		t.Fatalf("testenv: parse %s: %v", base, err)
+		t.Fatalf("testenv: FERRY_DATABASE_URL is not a URL: %v", errors.Unwrap(err))
 	}
 	u.Path = "/" + name
 	return u.String()

@@ -8,9 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"os"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,6 +25,8 @@ import (
 	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/broker"
 	"github.com/ferrymq/ferry/console"
+	"github.com/ferrymq/ferry/dlq"
+	"github.com/ferrymq/ferry/outbox"
 	"github.com/ferrymq/ferry/worker"
 )
 
@@ -109,6 +112,14 @@ func runDemo(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// Per-message warnings (968 dead letters are 968 WARN lines) are
+	// counted for the summary instead of printed, unless --log-level asks
+	// for the log as it is.
+	var quiet *quietHandler
+	if !c.IsSet(flagLogLevel) {
+		quiet = newQuietHandler(log.Handler())
+		log = slog.New(quiet)
+	}
 	if n := c.Int(flagClients); n < 1 {
 		return usagef("--%s %d: must be at least 1", flagClients, n)
 	}
@@ -164,8 +175,8 @@ func runDemo(c *cli.Context) error {
 	runErr := make(chan error, 1)
 	go func() { runErr <- st.runAll(runCtx) }()
 
-	fmt.Fprintf(out, "ferry demo: database: %s\nferry demo: broker:   %s\nferry demo: mail:     %s\nferry demo: declaring the topology on the broker…\n",
-		w.database, w.broker, w.smtp)
+	fmt.Fprintf(out, "ferry demo: database: %s\nferry demo: broker:   %s\nferry demo: relay:    %s\nferry demo: mail:     %s\nferry demo: declaring the topology on the broker…\n",
+		w.database, w.broker, relayModeText(s), w.smtp)
 	deadline := time.After(c.Duration(flagTimeout))
 	var apiAddr string
 	select {
@@ -240,7 +251,6 @@ loop:
 			break
 		}
 	}
-	elapsed := time.Since(start)
 
 	// Count again after the posting clients stopped: on an early stop the
 	// last counts are stale, and a POST still in flight gets its answer
@@ -260,10 +270,14 @@ loop:
 
 	sum := summary{
 		input: inputName, lines: len(lines), counts: cnt, rejected: res.rejected,
-		elapsed: elapsed, where: w,
+		where:       w,
 		retryDelays: s.retryDelays, maxAttempts: s.maxAttempts,
+		relayMode: relayModeText(s), quiet: quiet,
 	}
 	sum.p50, sum.p99, sum.deadReasons, _ = latencyAndReasons(qctx, st, ids)
+	if sum.first, sum.last, err = finalSpan(qctx, st, ids); err != nil {
+		log.Warn("demo: reading the notifications' timestamps", "error", err)
+	}
 	if cnt.accepted > cnt.sent+cnt.dead {
 		var err error
 		if sum.pending, err = pendingNotifications(qctx, st, ids, maxPendingListed); err != nil {
@@ -273,6 +287,9 @@ loop:
 	cancel()
 
 	if c.Bool(flagConsoleHold) && st.console != nil && ctx.Err() == nil {
+		if failure == nil {
+			failure = sum.nothingSent()
+		}
 		sum.print(out, failure)
 		fmt.Fprintln(out, "ferry demo: the console keeps running (--console-hold); Ctrl-C stops it")
 		select {
@@ -298,6 +315,9 @@ loop:
 		}
 	}
 	sum.duplicates = duplicates.Load() // after the worker stopped
+	if failure == nil {
+		failure = sum.nothingSent()
+	}
 	sum.print(out, failure)
 	return failure
 }
@@ -440,7 +460,7 @@ func latencyAndReasons(ctx context.Context, st *stack, ids []int64) (p50, p99 ti
 		if err := rows.Scan(&r); err != nil {
 			return p50, p99, reasons, err
 		}
-		reasons[idRE.ReplaceAllString(r, "$1 N")]++
+		reasons[dlq.Cause(r)]++
 	}
 	return p50, p99, reasons, rows.Err()
 }
@@ -479,10 +499,6 @@ func pendingNotifications(ctx context.Context, st *stack, ids []int64, limit int
 	return out, rows.Err()
 }
 
-// idRE finds the ids in error texts, so the dead notifications' reasons
-// group by cause.
-var idRE = regexp.MustCompile(`\b(notification|message|id) \d+`)
-
 // summary is what the demo prints at the end.
 type summary struct {
 	input       string
@@ -490,13 +506,18 @@ type summary struct {
 	counts      demoCounts
 	rejected    map[string]int
 	duplicates  int64
-	elapsed     time.Duration
 	p50, p99    time.Duration
 	deadReasons map[string]int
 	pending     []pendingNotification // the first maxPendingListed still pending
 	where       *where
 	retryDelays []time.Duration
 	maxAttempts int
+	relayMode   string
+	quiet       *quietHandler // nil when --log-level was given
+	// first and last are the database's times of the first notification
+	// created and the last one to reach a final state (sent_at, or
+	// updated_at of a dead one); zero when none did.
+	first, last time.Time
 }
 
 func (s *summary) print(w io.Writer, failure error) {
@@ -544,11 +565,12 @@ func (s *summary) print(w io.Writer, failure error) {
 	}
 	row("duplicates absorbed", fmt.Sprintf("%d  (deliveries of an already processed message ID, acked without sending)", s.duplicates))
 	final := c.sent + c.dead
-	rate := 0.0
-	if s.elapsed > 0 {
-		rate = float64(final) / s.elapsed.Seconds()
+	if span := s.last.Sub(s.first); final > 0 && span > 0 {
+		row("throughput", fmt.Sprintf("%.1f notifications/s  (%d reached a final state in %.2fs: the first created_at to the last sent_at or dead, as the database recorded them)",
+			float64(final)/span.Seconds(), final, span.Seconds()))
+	} else {
+		row("throughput", "n/a (nothing reached a final state)")
 	}
-	row("throughput", fmt.Sprintf("%.1f notifications/s  (%d reached a final state in %.2fs, from the first POST)", rate, final, s.elapsed.Seconds()))
 	if c.sent > 0 {
 		row("latency", fmt.Sprintf("p50 %s  p99 %s  (created_at → sent_at of the sent notifications)", roundDur(s.p50), roundDur(s.p99)))
 	} else {
@@ -556,17 +578,145 @@ func (s *summary) print(w io.Writer, failure error) {
 	}
 	row("database", s.where.database)
 	row("broker", s.where.broker)
+	row("relay", s.relayMode)
 	smtp := s.where.smtp
 	if s.where.sink != nil {
 		smtp = s.where.sink.Where()
 	}
 	row("mail went to", smtp)
-	if failure != nil {
-		row("result", "FAILED: "+failure.Error())
-	} else {
-		row("result", "OK: every accepted notification is sent or dead")
+	if s.quiet != nil {
+		for _, k := range sortedKeys(s.quiet.counts()) {
+			row("warnings", fmt.Sprintf("%d × %s  (one per message, not printed; --log-level warn prints each)", s.quiet.counts()[k], k))
+		}
 	}
+	row("result", s.verdict(failure))
 	tw.Flush()
+}
+
+// nothingSent is the demo's failure when notifications were accepted and
+// none was sent: every one is dead (or still pending), which the exit
+// code must show. It names the most common reason and, when the mail
+// server could not be reached, says so.
+func (s *summary) nothingSent() error {
+	c := s.counts
+	if c.accepted == 0 || c.sent > 0 {
+		return nil
+	}
+	what := fmt.Sprintf("ferry demo: nothing was sent: all %d accepted notifications are dead", c.accepted)
+	if pending := c.accepted - c.dead; pending > 0 {
+		what = fmt.Sprintf("ferry demo: nothing was sent: of %d accepted notifications %d are dead and %d still pending", c.accepted, c.dead, pending)
+	}
+	if reason, n := s.topReason(); n > 0 {
+		what += fmt.Sprintf("; %d of them: %s", n, clipText(reason, 160))
+		if smtpUnreachable(reason) {
+			what += fmt.Sprintf(" (%s cannot be reached: start it, or point --%s at one)", s.where.smtp, flagSMTPAddr)
+		}
+	}
+	return errors.New(what)
+}
+
+// verdict is the summary's last line: what happened, in plain words.
+func (s *summary) verdict(failure error) string {
+	c := s.counts
+	switch {
+	case failure != nil:
+		return "FAILED: " + failure.Error()
+	case c.dead == 0:
+		return fmt.Sprintf("OK: all %d accepted notifications were sent", c.accepted)
+	default:
+		reason, n := s.topReason()
+		return fmt.Sprintf("OK, with dead letters: %d sent, %d dead (%d of them: %s); see them with ferry dlq list", c.sent, c.dead, n, clipText(reason, 100))
+	}
+}
+
+// topReason is the most common reason of the dead notifications and its
+// count (ties by text).
+func (s *summary) topReason() (string, int) {
+	best, n := "", 0
+	for _, k := range sortedKeys(s.deadReasons) {
+		if s.deadReasons[k] > n {
+			best, n = k, s.deadReasons[k]
+		}
+	}
+	return best, n
+}
+
+// smtpUnreachable reports whether a dead notification's reason says the
+// mail server could not be reached (as opposed to refusing the mail).
+func smtpUnreachable(reason string) bool {
+	r := strings.ToLower(reason)
+	return strings.Contains(r, "smtp") && (strings.Contains(r, "connection refused") || strings.Contains(r, "no such host") ||
+		strings.Contains(r, "i/o timeout") || strings.Contains(r, "network is unreachable") || strings.Contains(r, "dial"))
+}
+
+// relayModeText says which relay the demo runs, in the words of the
+// README's relay sections.
+func relayModeText(s *settings) string {
+	if s.relayMode == outbox.RelayModeWAL {
+		return "wal (reads the outbox inserts from PostgreSQL's WAL by logical replication; --relay-mode)"
+	}
+	return "poll (claims outbox rows with FOR UPDATE SKIP LOCKED and marks them published; --relay-mode wal reads the WAL instead)"
+}
+
+// finalSpan returns the time of the first of ids created and of the last
+// to reach a final state, as the database recorded them.
+func finalSpan(ctx context.Context, st *stack, ids []int64) (first, last time.Time, err error) {
+	if len(ids) == 0 {
+		return first, last, nil
+	}
+	var f, l *time.Time
+	err = st.pool.QueryRow(ctx, `
+		SELECT min(created_at), max(CASE WHEN status = 'sent' THEN COALESCE(sent_at, updated_at) ELSE updated_at END)
+		FILTER (WHERE status IN ('sent', 'dead'))
+		FROM notifications WHERE id = ANY($1)`, ids).Scan(&f, &l)
+	if err != nil || f == nil || l == nil {
+		return first, last, err
+	}
+	return *f, *l, nil
+}
+
+// quietHandler passes every record to the handler it wraps but the
+// warnings the worker logs once per message, which it counts by message.
+type quietHandler struct {
+	slog.Handler
+	mu *sync.Mutex
+	n  map[string]int
+}
+
+// perMessageWarnings are the worker's WARN records that come once per
+// message: a demo whose mail server is down has one per notification.
+var perMessageWarnings = map[string]bool{
+	"worker: message dead-lettered": true,
+	"worker: redelivery of a message already bound for the DLQ; dead-lettering it without running the handler": true,
+}
+
+func newQuietHandler(h slog.Handler) *quietHandler {
+	return &quietHandler{Handler: h, mu: &sync.Mutex{}, n: map[string]int{}}
+}
+
+func (h *quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn && perMessageWarnings[r.Message] {
+		h.mu.Lock()
+		h.n[r.Message]++
+		h.mu.Unlock()
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &quietHandler{Handler: h.Handler.WithAttrs(as), mu: h.mu, n: h.n}
+}
+
+func (h *quietHandler) WithGroup(name string) slog.Handler {
+	return &quietHandler{Handler: h.Handler.WithGroup(name), mu: h.mu, n: h.n}
+}
+
+// counts returns a copy of the counted warnings by message.
+func (h *quietHandler) counts() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.n)
 }
 
 func sortedKeys(m map[string]int) []string {

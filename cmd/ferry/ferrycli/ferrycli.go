@@ -9,7 +9,7 @@
 // (find, inspect and cancel a job), console (the web console of package
 // console; run and demo serve it too, on --console-addr), bench (the broker comparison
 // of package bench/suite), version and help. A flag can also be set by an environment
-// variable (the README's "Flags" states the rule, and readme_test.go
+// variable (docs/flags.md states the rule, and readme_test.go
 // checks it): FERRY_<FLAG_NAME> (for example --database-url and
 // FERRY_DATABASE_URL), FERRY_DEMO_<FLAG_NAME> and FERRY_BENCH_<FLAG_NAME>
 // for the flags of demo and bench alone (--file, --timeout, --clients;
@@ -299,10 +299,18 @@ func redactURL(raw string) string {
 // connection string, quoted or not.
 var kvPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
+// MigratedTables are the tables `ferry migrate` creates, besides the
+// migrations' version tables (outbox.MigrationsTable, app.MigrationsTable):
+// package outbox's and the notification app's. A test compares them with
+// a migrated database and with the README.
+var MigratedTables = []string{"outbox", "outbox_unique", "outbox_cancelled", "outbox_held", "outbox_wal_slots",
+	"outbox_workflows", "outbox_workflow_jobs", "outbox_workflow_edges", "processed_messages",
+	"worker_attempts", "worker_dead", "worker_flow_slots", "worker_flow_rates", "ferry_periodic", "notifications"}
+
 func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
-		Usage: "apply the database migrations (outbox, processed_messages, worker_attempts, worker_dead, outbox_cancelled, ferry_periodic, notifications)",
+		Usage: "apply the database migrations (" + strings.Join(MigratedTables, ", ") + ")",
 		Flags: concat(databaseFlags(false), logFlags("")),
 		Action: func(c *cli.Context) error {
 			s, log, err := setup(c, "")

@@ -33,7 +33,7 @@ var (
 	alertNames       = []string{"alert-threshold", "alert-for", "alert-interval", "alert-webhook-url",
 		"alert-telegram-token", "alert-telegram-chat-id", "alert-telegram-api-url"}
 	relayNames   = []string{"batch-size", "poll-interval", "relay-mode", "wal-slot", "retention"}
-	workerNames  = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout"}
+	workerNames  = []string{"max-attempts", "prefetch", "concurrency", "handler-timeout", "worker-batch-size", "worker-batch-linger"}
 	smtpNames    = []string{"smtp-addr", "smtp-timeout", "smtp-data-timeout"}
 	consoleNames = []string{"console-addr", "console-token", "console-read-only"}
 	benchBroker  = []string{"rabbitmq-url", "nats-url", "kafka-brokers", "sqs-endpoint", "aws-region"}
@@ -79,10 +79,11 @@ var usedFlags = map[string][]string{
 	"jobs get":         names([]string{"database-url"}, logFlagNames, []string{"app-id", "format"}),
 	"jobs list":        names([]string{"database-url"}, logFlagNames, []string{"state", "type", "limit", "format"}),
 	"jobs cancel":      names([]string{"database-url"}, logFlagNames, []string{"app-id", "yes"}),
+	"jobs workflow":    names([]string{"database-url"}, logFlagNames, []string{"format"}),
 	"bench": names([]string{"brokers", "scenarios", "messages", "size", "rate", "workers", "out", "database-url",
-		"restart-broker", "peer-dir", "sqs-latency"}, benchBroker, []string{"cluster-script", "rabbitmq-cluster-url",
+		"restart-broker", "peer-dir", "sqs-latency", "soak-duration", "soak-fault-every"}, benchBroker, []string{"cluster-script", "rabbitmq-cluster-url",
 		"rabbitmq-cluster-management-url", "kafka-cluster-brokers", "nats-cluster-url"}, []string{"data-dir"}, logFlagNames),
-	"bench-child": names(benchBroker, []string{"role", "database-url", "broker", "exchange", "workers"}, logFlagNames),
+	"bench-child": names(benchBroker, []string{"role", "database-url", "broker", "exchange", "workers", "stats-file"}, logFlagNames),
 	"version":     nil,
 	"help":        nil,
 }
@@ -322,8 +323,33 @@ func TestBinaryDemoDrawsNoBarWhenNotATerminal(t *testing.T) {
 	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, errOut)
 	require.Equal(t, "", firstLine(errOut))
 	require.Contains(t, out, "ferry demo: summary")
-	require.Contains(t, out, "OK: every accepted notification is sent or dead")
+	require.Contains(t, out, "OK: all ")
 	require.NotContains(t, out, "█")
 	require.NotContains(t, out, "░")
 	require.NotContains(t, out, "\r")
+}
+
+// TestGoRunVersionSaysHowToGetTheCommit: `go run ./cmd/ferry version`,
+// as a new user types it in a clean clone, records no commit; it says so
+// and how to get it, and a binary built by go build in the checkout
+// names the commit.
+func TestGoRunVersionSaysHowToGetTheCommit(t *testing.T) {
+	root := testenv.RepoRoot()
+	cmd := exec.Command("go", "run", "./cmd/ferry", "version")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), "no VCS information")
+	require.Contains(t, string(out), "make build && ./ferry version")
+
+	bin := filepath.Join(t.TempDir(), "ferry")
+	build := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./cmd/ferry") // as make build: GOFLAGS may say -buildvcs=false
+	build.Dir = root
+	b, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	out, err = exec.Command(bin, "version").Output()
+	require.NoError(t, err)
+	head, err := exec.Command("git", "-C", root, "rev-parse", "--short=12", "HEAD").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), "revision "+strings.TrimSpace(string(head)))
 }

@@ -214,7 +214,8 @@ func wrapText(s string, indent, width int) string {
 // module's version ("(devel)" for a build from a checkout), the VCS
 // revision, its commit time (not the build time) and whether the work
 // tree had changes (vcs.revision, vcs.time, vcs.modified, recorded by go
-// build in a Git checkout), the Go version and the platform. For example:
+// build in a Git checkout), the Go version and the platform; without a
+// recorded commit (go run) it says how to get one. For example:
 //
 //	ferry (devel) revision 23bd544c0a1e 2026-12-01T21:40:07Z modified, go1.26.7 linux/amd64
 func VersionLine() string {
@@ -223,7 +224,7 @@ func VersionLine() string {
 
 // versionLine formats bi (ok: bi is the binary's build information).
 func versionLine(bi *debug.BuildInfo, ok bool) string {
-	version, vcs := "unknown", "no VCS information"
+	version, vcs := "unknown", noVCS
 	goVersion := runtime.Version()
 	if ok && bi != nil {
 		if bi.Main.Version != "" {
@@ -256,8 +257,19 @@ func versionLine(bi *debug.BuildInfo, ok bool) string {
 			}
 		}
 	}
-	return fmt.Sprintf("ferry %s %s, %s %s/%s", version, vcs, goVersion, runtime.GOOS, runtime.GOARCH)
+	line := fmt.Sprintf("ferry %s %s, %s %s/%s", version, vcs, goVersion, runtime.GOOS, runtime.GOARCH)
+	if vcs == noVCS {
+		line += noVCSHint
+	}
+	return line
 }
+
+// noVCS and noVCSHint are what versionLine says of a binary without a
+// recorded commit: go run records none (go build does, in a Git checkout).
+const (
+	noVCS     = "no VCS information"
+	noVCSHint = " (go run records no commit: `make build && ./ferry version` shows it, or `git log -1` in the checkout)"
+)
 
 func versionCommand() *cli.Command {
 	return &cli.Command{

@@ -23,8 +23,9 @@ func TestVersionLine(t *testing.T) {
 	bi.Settings[3].Value = "false"
 	require.Equal(t, "ferry v1.4.0 revision 23bd54442998 2026-12-01T21:40:07Z, go1.26.7 "+platform, versionLine(bi, true))
 	bi = &debug.BuildInfo{GoVersion: "go1.26.7", Main: debug.Module{Version: "(devel)"}}
-	require.Equal(t, "ferry (devel) no VCS information, go1.26.7 "+platform, versionLine(bi, true))
-	require.Equal(t, "ferry unknown no VCS information, "+runtime.Version()+" "+platform, versionLine(nil, false))
+	hint := " (go run records no commit: `make build && ./ferry version` shows it, or `git log -1` in the checkout)"
+	require.Equal(t, "ferry (devel) no VCS information, go1.26.7 "+platform+hint, versionLine(bi, true))
+	require.Equal(t, "ferry unknown no VCS information, "+runtime.Version()+" "+platform+hint, versionLine(nil, false))
 }
 
 // wrapText never makes a line wider than asked, but for a longer word.

@@ -9,11 +9,13 @@ package ferrycli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -155,6 +157,10 @@ type observability struct {
 	// walSlot is the WAL relay's slot (--relay-mode=wal), "" otherwise:
 	// the outbox gauges then include the slot's (outboxGauges).
 	walSlot, destination string
+	// relayBlocked is the broker's reason while this process's relay
+	// holds its rows because the broker has no room ("" or nil: not
+	// blocked); /readyz answers 503 with it (readyz).
+	relayBlocked atomic.Pointer[string]
 }
 
 // newObservability creates the registry (Go, process, relay, worker and
@@ -221,6 +227,7 @@ func (o *observability) apiHandler(h http.Handler) http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics.Handler(o.reg))
+	mux.Handle("GET /readyz", tracing.Middleware(o.readyz(h)))
 	mux.Handle("/", tracing.Middleware(h))
 	return mux
 }
@@ -239,6 +246,52 @@ func (o *observability) onBatch() func(outbox.BatchStats) {
 		return nil
 	}
 	return func(s outbox.BatchStats) { o.metrics.ObserveBatch(s.Published, s.Failed, s.Duration) }
+}
+
+// onBlocked is outbox.RelayConfig.OnBlocked: the ferry_relay_blocked
+// gauge and the reason /readyz gives (nil without observability).
+func (o *observability) onBlocked() func(string) {
+	if o == nil {
+		return nil
+	}
+	return func(reason string) {
+		o.relayBlocked.Store(&reason)
+		o.metrics.SetRelayBlocked(reason)
+	}
+}
+
+// blockedReason is the reason /readyz gives while the relay of this
+// process is blocked by a broker without room, "" otherwise.
+func (o *observability) blockedReason() string {
+	if o == nil {
+		return ""
+	}
+	if p := o.relayBlocked.Load(); p != nil && *p != "" {
+		return "the broker has no room (" + *p + "): the relay holds the outbox rows and resumes by itself when the broker takes messages again"
+	}
+	return ""
+}
+
+// readyz answers GET /readyz with 503 {"status":"blocked","error":...}
+// while the relay is blocked (blockedReason), and otherwise hands the
+// request to next (the API's own check), or answers 200 {"status":"ok"}
+// when next is nil (the --metrics-addr server of a relay).
+func (o *observability) readyz(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reason := o.blockedReason()
+		if reason == "" && next != nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		status, body := http.StatusOK, map[string]string{"status": "ok"}
+		if reason != "" {
+			status, body = http.StatusServiceUnavailable, map[string]string{"status": "blocked", "error": reason}
+		}
+		b, _ := json.Marshal(body)
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(status)
+		w.Write(append(b, '\n')) //nolint:errcheck // the client is gone
+	})
 }
 
 // workerHandler runs h inside a consumer span continuing the message's
@@ -285,6 +338,7 @@ func (o *observability) serveMetrics(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics.Handler(o.reg))
+	mux.Handle("GET /readyz", o.readyz(nil))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(o.log.Handler(), slog.LevelWarn)}
 	o.log.Info("metrics listening", "addr", ln.Addr().String())

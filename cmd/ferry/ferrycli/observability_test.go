@@ -250,6 +250,8 @@ func TestNilObservabilityChangesNothing(t *testing.T) {
 	require.Nil(t, o.onBatch())
 	require.Nil(t, o.onOutcome(nil))
 	require.Nil(t, o.onSettleFailure())
+	require.Nil(t, o.onBlocked())
+	require.Empty(t, o.blockedReason())
 	require.NoError(t, o.serveMetrics(context.Background()))
 	require.NoError(t, o.runAlert(context.Background()))
 	o.startAlert(context.Background())()
@@ -306,4 +308,61 @@ func TestWithMetricsServesWhileFRuns(t *testing.T) {
 	o.set.metricsAddr = busy.Addr().String()
 	err = o.withMetrics(ctx, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
 	require.ErrorContains(t, err, "--metrics-addr")
+}
+
+// TestRelayBlockedReadyz (issue 29): while the relay reports a broker
+// without room (outbox.RelayConfig.OnBlocked), GET /readyz answers 503
+// with the broker's reason, on the API's address (ferry run) and on
+// --metrics-addr (ferry relay), and ferry_relay_blocked is 1 with that
+// reason; once it ends, /readyz is the API's own answer again (200 on the
+// metrics server) and the gauge is 0 with reason="".
+func TestRelayBlockedReadyz(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, _ := testenv.NewPool(t)
+	set, err := parseObs(t)
+	require.NoError(t, err)
+	o, err := newObservability(ctx, set, "rabbitmq", pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer o.close()
+	api := httptest.NewServer(o.apiHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusTeapot) // the API's own readiness answer
+	})))
+	defer api.Close()
+	relay := httptest.NewServer(o.readyz(nil))
+	defer relay.Close()
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	code, _ := get(api.URL + "/readyz")
+	require.Equal(t, http.StatusTeapot, code)
+	code, _ = get(relay.URL + "/readyz")
+	require.Equal(t, http.StatusOK, code)
+	_, m := get(api.URL + "/metrics")
+	require.Contains(t, m, `ferry_relay_blocked{broker="rabbitmq",reason=""} 0`)
+
+	o.onBlocked()("low on memory")
+	for _, u := range []string{api.URL, relay.URL} {
+		code, body := get(u + "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+		require.Contains(t, body, `"status":"blocked"`)
+		require.Contains(t, body, "the broker has no room (low on memory)")
+	}
+	_, m = get(api.URL + "/metrics")
+	require.Contains(t, m, `ferry_relay_blocked{broker="rabbitmq",reason="low on memory"} 1`)
+	require.NotContains(t, m, `reason=""} 0`)
+
+	o.onBlocked()("")
+	code, _ = get(api.URL + "/readyz")
+	require.Equal(t, http.StatusTeapot, code)
+	code, _ = get(relay.URL + "/readyz")
+	require.Equal(t, http.StatusOK, code)
+	_, m = get(api.URL + "/metrics")
+	require.Contains(t, m, `ferry_relay_blocked{broker="rabbitmq",reason=""} 0`)
+	require.NotContains(t, m, "low on memory")
 }

@@ -2,14 +2,18 @@ package ferrycli_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferrymq/ferry/app"
 	"github.com/ferrymq/ferry/cmd/ferry/ferrycli"
 	"github.com/ferrymq/ferry/internal/testenv"
 	"github.com/ferrymq/ferry/outbox"
@@ -85,4 +89,27 @@ func latestOutboxVersion(t *testing.T, db string) string {
 	_, latest, err := outbox.MigrationVersion(ctx, pool)
 	require.NoError(t, err)
 	return strconv.FormatInt(latest, 10)
+}
+
+// TestMigrateCreatesTheTablesItNames: the tables `ferry migrate` says it
+// creates (its help, MigratedTables, and the README's line) are exactly
+// those a migrated database has, besides the migrations' version tables.
+func TestMigrateCreatesTheTablesItNames(t *testing.T) {
+	db := migratedDatabase(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	require.NoError(t, err)
+	defer pool.Close()
+	rows, err := pool.Query(context.Background(), `SELECT table_name FROM information_schema.tables
+		WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' AND table_name NOT IN ($1, $2) ORDER BY table_name`,
+		outbox.MigrationsTable, app.MigrationsTable)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.ElementsMatch(t, got, ferrycli.MigratedTables)
+
+	_, help, _ := run(t, "migrate", "--help")
+	require.Contains(t, strings.Join(strings.Fields(help), " "), strings.Join(ferrycli.MigratedTables, ", "), "the help, its line breaks aside")
+	readme, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "README.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(readme), "ferry migrate                       # "+strings.Join(ferrycli.MigratedTables, ", "))
 }

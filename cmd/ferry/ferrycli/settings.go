@@ -82,6 +82,8 @@ const (
 	flagPrefetch        = "prefetch"
 	flagConcurrency     = "concurrency"
 	flagBatchSize       = "batch-size"
+	flagWorkerBatch     = "worker-batch-size"
+	flagWorkerLinger    = "worker-batch-linger"
 	flagPollInterval    = "poll-interval"
 	flagRetention       = "retention"
 	flagRelayMode       = "relay-mode"
@@ -227,10 +229,10 @@ func smtpFlags(embedded bool) []cli.Flag {
 
 func relayFlags() []cli.Flag {
 	return append(append([]cli.Flag{
-		&cli.IntFlag{Name: flagBatchSize, Value: 100, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction, 1.." + strconv.Itoa(outbox.MaxBatchSize)},
+		&cli.IntFlag{Name: flagBatchSize, Value: outbox.DefaultBatchSize, EnvVars: env(flagBatchSize), Category: catRelay, Usage: "outbox rows published per relay transaction, 1.." + strconv.Itoa(outbox.MaxBatchSize)},
 		&cli.DurationFlag{Name: flagPollInterval, Value: 500 * time.Millisecond, EnvVars: env(flagPollInterval), Category: catRelay, Usage: "how often the relay polls the outbox besides LISTEN/NOTIFY, a Go duration such as 500ms or 2s"},
 		&cli.StringFlag{Name: flagRelayMode, Aliases: []string{"mode"}, Value: outbox.RelayModePoll, EnvVars: env(flagRelayMode), Category: catRelay,
-			Usage: "how the relay reads the outbox: poll (claims and marks rows) or wal (reads the inserts from PostgreSQL's WAL by logical replication; needs wal_level=logical and a role with REPLICATION, see the README, \"The WAL relay\")"},
+			Usage: "how the relay reads the outbox: poll (claims and marks rows) or wal (reads the inserts from PostgreSQL's WAL by logical replication; needs wal_level=logical and a role with REPLICATION, see docs/delivery.md, \"The WAL relay\")"},
 	}, walSlotFlags()...), relayFlagsTail()...)
 }
 
@@ -254,6 +256,10 @@ func workerFlags() []cli.Flag {
 		&cli.IntFlag{Name: flagConcurrency, Value: worker.DefaultConcurrency, EnvVars: env(flagConcurrency), Category: catWorker, Usage: "messages handled at once"},
 		&cli.DurationFlag{Name: flagHandlerTimeout, EnvVars: env(flagHandlerTimeout), Category: catWorker,
 			Usage: "bound on one handling attempt (its context is cancelled then, and the attempt fails); 0: none. Must be shorter than the broker's settle limit (RabbitMQ consumer_timeout, --rabbitmq-consumer-timeout; SQS 12h): the worker refuses to start otherwise"},
+		&cli.IntFlag{Name: flagWorkerBatch, Value: worker.DefaultBatchSize, EnvVars: env(flagWorkerBatch), Category: catWorker,
+			Usage: "deliveries handled in one database transaction, 1.." + strconv.Itoa(worker.MaxBatchSize) + " (a savepoint per message; one commit per batch). The status updates stay exactly once; the e-mail, sent outside the database, stays at least once, and a failed commit or a crash sends again every mail of the batch not yet committed (see docs/delivery.md, \"Batches\"). --prefetch, when not given, becomes at least --concurrency × this"},
+		&cli.StringFlag{Name: flagWorkerLinger, Value: worker.DefaultBatchLinger.String(), EnvVars: env(flagWorkerLinger), Category: catWorker,
+			Usage: "with --worker-batch-size above 1, how long a batch waits for each further delivery: milliseconds (a whole number) or a Go duration such as 500us or 20ms, above 0 and at most " + worker.MaxBatchLinger.String()},
 	}
 }
 
@@ -286,6 +292,24 @@ func concat(sets ...[]cli.Flag) []cli.Flag {
 		out = append(out, s...)
 	}
 	return out
+}
+
+// parseLinger parses --worker-batch-linger: a whole number of
+// milliseconds or a Go duration, above 0 and at most
+// worker.MaxBatchLinger (0 would be worker.Config's "default").
+func parseLinger(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	d, err := time.ParseDuration(v)
+	if ms, aerr := strconv.Atoi(v); aerr == nil {
+		d, err = time.Duration(ms)*time.Millisecond, nil
+	}
+	if err != nil {
+		return 0, usagef("--%s %q: want milliseconds (a whole number such as 5) or a Go duration such as 500us or 20ms", flagWorkerLinger, v)
+	}
+	if d <= 0 || d > worker.MaxBatchLinger {
+		return 0, usagef("--%s %q: want more than 0 and at most %v (default %v)", flagWorkerLinger, v, worker.MaxBatchLinger, worker.DefaultBatchLinger)
+	}
+	return d, nil
 }
 
 // parseRetryDelays parses --retry-delay: one Go duration or a comma list.
@@ -385,6 +409,9 @@ type settings struct {
 	prefetch        int
 	concurrency     int
 	batchSize       int
+	prefetchSet     bool          // --prefetch was given
+	workerBatch     int           // --worker-batch-size
+	workerLinger    time.Duration // --worker-batch-linger
 	pollInterval    time.Duration
 	relayMode       string
 	walSlot         string
@@ -418,6 +445,8 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		prefetch:        c.Int(flagPrefetch),
 		concurrency:     c.Int(flagConcurrency),
 		batchSize:       c.Int(flagBatchSize),
+		prefetchSet:     c.IsSet(flagPrefetch),
+		workerBatch:     c.Int(flagWorkerBatch),
 		pollInterval:    c.Duration(flagPollInterval),
 		relayMode:       c.String(flagRelayMode),
 		walSlot:         c.String(flagWALSlot),
@@ -512,6 +541,16 @@ func loadSettings(c *cli.Context) (*settings, error) {
 			return nil, usagef("--%s %v: must be positive", p.name, p.v)
 		}
 	}
+	if has(flagWorkerBatch) && (s.workerBatch < 1 || s.workerBatch > worker.MaxBatchSize) {
+		return nil, usagef("--%s %d: want 1..%d (1: one transaction per message)", flagWorkerBatch, s.workerBatch, worker.MaxBatchSize)
+	}
+	if has(flagWorkerLinger) {
+		d, err := parseLinger(c.String(flagWorkerLinger))
+		if err != nil {
+			return nil, err
+		}
+		s.workerLinger = d
+	}
 	if has(flagHandlerTimeout) && s.handlerTimeout < 0 {
 		return nil, usagef("--%s %v: must not be negative (0: no bound)", flagHandlerTimeout, s.handlerTimeout)
 	}
@@ -529,6 +568,17 @@ func loadSettings(c *cli.Context) (*settings, error) {
 		}
 	}
 	return s, nil
+}
+
+// workerPrefetch is the worker's Config.Prefetch: --prefetch, unless
+// batches are asked for (--worker-batch-size above 1) without it: then 0,
+// worker.Config's default (10, or Concurrency × BatchSize when larger),
+// so that every handling goroutine can fill its batch.
+func (s *settings) workerPrefetch() int {
+	if s.workerBatch > 1 && !s.prefetchSet {
+		return 0
+	}
+	return s.prefetch
 }
 
 // hasFlag reports whether the running command defines the flag name,

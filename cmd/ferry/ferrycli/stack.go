@@ -413,6 +413,7 @@ func (st *stack) runRelay(ctx context.Context) error {
 		Relay: &outbox.RelayConfig{
 			Destination:      st.s.destination,
 			OnBatch:          st.obs.onBatch(),
+			OnBlocked:        st.obs.onBlocked(),
 			BatchSize:        st.s.batchSize,
 			PollInterval:     st.s.pollInterval,
 			Mode:             st.s.relayMode,
@@ -458,7 +459,9 @@ func (st *stack) runWorker(ctx context.Context) error {
 			Queue:           st.app.Queue(),
 			Handler:         st.obs.workerHandler(st.app.HandleNotification),
 			Concurrency:     st.s.concurrency,
-			Prefetch:        st.s.prefetch,
+			Prefetch:        st.s.workerPrefetch(),
+			BatchSize:       st.s.workerBatch,
+			BatchLinger:     st.s.workerLinger,
 			Policy:          worker.BackoffPolicy{MaxAttempts: st.s.maxAttempts, Delays: st.s.retryDelays},
 			ShutdownTimeout: st.s.shutdownTimeout,
 			HandlerTimeout:  st.s.handlerTimeout,

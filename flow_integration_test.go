@@ -103,6 +103,11 @@ func TestRetryAfterIsNotCountedOnEveryBroker(t *testing.T) {
 			return len(reasons) >= 1
 		}, 60*time.Second, 100*time.Millisecond)
 		require.Contains(t, reasons[itoa(never)], "snoozed 6 times, more than Config.MaxSnoozes (6)")
+		// The outcome is reported once the settle returns, which can be
+		// after the DLQ already shows the message (SQS: the send to the
+		// DLQ, then the delete, then OnOutcome).
+		require.Eventually(t, func() bool { return outcomes.get(worker.OutcomeDead) == 1 }, 10*time.Second, 20*time.Millisecond,
+			"the dead-lettered snooze is reported as OutcomeDead")
 		require.Equal(t, []int{1, 1, 1, 1, 1, 1, 1}, attempts.of("job.never"), "the 7th snooze went to the DLQ")
 		require.Equal(t, 5+6, outcomes.get(worker.OutcomeSnoozed), "the 7th went to the DLQ")
 		require.Zero(t, outcomes.get(worker.OutcomeRetry))

@@ -334,7 +334,7 @@ EOF
 		idf=$(dirname "$d")/cluster-id
 		if [ ! -s "$idf" ]; then
 			# ln fails when another node made it first: one id for all.
-			head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22 >"$idf.$$"
+			kafka_cluster_id >"$idf.$$"
 			ln "$idf.$$" "$idf" 2>/dev/null || true
 			rm -f "$idf.$$"
 		fi

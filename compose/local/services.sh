@@ -835,6 +835,21 @@ KAFKA_LIB=$STATE/kafka-lib-$KAFKA_VERSION
 KAFKA_PIDFILE=$STATE/kafka.pid
 KAFKA_HEAP=${FERRY_KAFKA_HEAP:--Xmx512m -Xms128m}
 
+# kafka_cluster_id prints a new KRaft cluster id: 16 random bytes in
+# URL-safe base64 without padding (22 characters), as kafka-storage
+# random-uuid prints them, never starting with "-": the storage tool's
+# argument parser would take such an id for an option ("argument
+# --cluster-id/-t: expected one argument"), one id in 64; Kafka's own
+# Uuid.randomUuid draws again in that case too.
+kafka_cluster_id() {
+	local id
+	while :; do
+		id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22)
+		[ "${id#-}" = "$id" ] && break
+	done
+	printf '%s\n' "$id"
+}
+
 kafka_jars() {
 	[ -f "$KAFKA_LIB/.complete" ] && return 0
 	local pkgs=()
@@ -930,7 +945,7 @@ log4j.logger.kafka.log.LogCleaner=WARN
 EOF
 		if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
 			local uuid
-			uuid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | head -c 22)
+			uuid=$(kafka_cluster_id)
 			say "kafka: formatting the storage in $KAFKA_DIR/data (cluster $uuid)"
 			java -Dlog4j.configuration="file:$KAFKA_DIR/log4j.properties" -cp "$KAFKA_LIB/*" kafka.tools.StorageTool format \
 				-t "$uuid" -c "$KAFKA_DIR/server.properties" </dev/null >"$STATE/kafka-format.log" 2>&1 ||

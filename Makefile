@@ -48,7 +48,11 @@ DEMO_FILE ?= $(firstword $(wildcard ../shared/data/notifications-1000.ndjson))
 
 .PHONY: test test-long test-flow-long test-cluster tidy-check bench bench-failover soak compare services services-down services-status demo build vet
 
+# The test binaries are built first, two packages at a time (-p 1 below
+# would build them one at a time too: 176 s against 124 s from an empty
+# build cache here), running no test.
 test: tidy-check
+	$(GO) test -count=1 -p 2 -run '^$$' $(PKGS) | { grep -vE '\[no test(s to run| files)\]$$' || true; }; test "$${PIPESTATUS[0]}" = 0
 	$(SERVICES) up && $(SERVICES) netns >/dev/null && compose/local/chromium.sh >/dev/null && eval "$$($(SERVICES) env)" && $(GO) test $(TESTFLAGS) $(PKGS)
 
 # About 8 minutes: it waits out SQS FIFO's deduplication window, which

@@ -105,6 +105,16 @@ func TestConsoleInBrowser(t *testing.T) {
 				shot("dlq"),
 				chromedp.SendKeys(chromedp.CSS(`input[name=app_id]`), appID),
 				chromedp.Submit(chromedp.CSS(`input[name=app_id]`)),
+			))
+			// The queue's page before the search can list a.msg too: wait
+			// for the search's page, or the click can find a node the
+			// navigation detaches ("Could not find node with given id",
+			// CI red once).
+			require.Eventually(t, func() bool {
+				loc, err := chromedp.Run(tab, chromedp.Location())
+				return err == nil && strings.Contains(loc, "app_id=")
+			}, 20*time.Second, 50*time.Millisecond, "the search's page")
+			require.NoError(t, chromedp.Do(tab,
 				chromedp.WaitVisible(chromedp.CSS(`a.msg`)),
 				chromedp.Click(chromedp.CSS(`a.msg`)),
 				chromedp.WaitVisible(chromedp.CSS(`#body`)),

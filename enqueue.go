@@ -62,6 +62,14 @@ func WithDestination(name string) EnqueueOption {
 	return func(e *outbox.Event) { e.Destination = name }
 }
 
+// WithPriority sets the event's priority (outbox.Event.Priority), 0 (the
+// default, lowest) to broker.MaxPriority (4): a worker of a queue with
+// priorities (broker.Queue.Priorities) takes the higher levels first.
+// asynq's model (a queue per level, strict or weighted) on every broker;
+// see broker.Prioritized for what it guarantees. Out of range fails the
+// Enqueue with outbox.ErrInvalidEvent.
+func WithPriority(p int) EnqueueOption { return func(e *outbox.Event) { e.Priority = p } }
+
 // Unique makes the event unique by key for window (outbox.Event.UniqueKey
 // and UniqueFor): an Enqueue with the same key less than window after
 // this one's transaction began stores nothing and returns this event's

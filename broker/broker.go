@@ -183,6 +183,13 @@ type Queue struct {
 	// brokers without per-message delay (RabbitMQ: a queue with that
 	// x-message-ttl). Defaults to [30s].
 	RetryDelays []time.Duration
+	// Priorities is the number of priority levels, 2..MaxPriority+1; 0
+	// or 1: none. Each level is a queue of its own ("<Name>.p<k>", see
+	// Topology.Expanded and the package doc, "Priorities") and a worker
+	// of the queue consumes them all, the highest first (Prioritized). A
+	// queue with priorities may not bind a pattern whose first word is
+	// '*' or '#'.
+	Priorities int
 }
 
 // Delays returns q.RetryDelays, or the default [30s] when it is empty.
@@ -231,7 +238,7 @@ func (t Topology) Validate() error {
 			}
 		}
 	}
-	return nil
+	return validatePriorities(t)
 }
 
 // Queue returns the queue named name and whether it exists.

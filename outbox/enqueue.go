@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -90,6 +91,15 @@ type Event struct {
 	// it when two types could share one, e.g. "email.welcome:user-42".
 	// At most MaxUniqueKeyBytes bytes of valid UTF-8. Optional.
 	UniqueKey string
+	// Priority is the event's priority, 0 (the default, lowest) to
+	// broker.MaxPriority (4), carried as the header broker.HeaderPriority:
+	// the relay publishes it to the level of each priority queue
+	// (broker.Queue.Priorities) that its priority selects, and a worker of
+	// that queue takes the higher levels first (broker.Prioritized). A
+	// priority above 0 needs a topology with at least one queue with
+	// priorities: without one no queue is bound to the prioritised Type
+	// and the relay parks the row as unroutable (ErrUnroutable).
+	Priority int
 	// UniqueFor is the window of UniqueKey, at least a microsecond (the
 	// database's resolution). Required with UniqueKey, and must be zero
 	// without it.
@@ -148,6 +158,9 @@ func (e Event) validate(i int) error {
 		strings.ContainsFunc(e.AppID, func(r rune) bool { return r < ' ' || r == 0x7f }) {
 		return fmt.Errorf("%w: %s %q: want at most %d bytes of valid UTF-8 without control characters", ErrInvalidEvent, field("AppID"), clipID(e.AppID), MaxAppIDBytes)
 	}
+	if e.Priority < 0 || e.Priority > broker.MaxPriority {
+		return fmt.Errorf("%w: %s %d: want 0..%d", ErrInvalidEvent, field("Priority"), e.Priority, broker.MaxPriority)
+	}
 	if err := ValidateDestination(e.Destination); err != nil {
 		return fmt.Errorf("%w: %s %q: %s", ErrInvalidEvent, field("Destination"), clipID(e.Destination), err)
 	}
@@ -203,6 +216,9 @@ func validateType(t string) error {
 	}
 	if !utf8.ValidString(t) {
 		return errors.New("is not valid UTF-8")
+	}
+	if strings.HasPrefix(t, "ferry-p") {
+		return errors.New(`must not start with "ferry-p" (reserved for priorities, broker.PriorityType)`)
 	}
 	for _, w := range strings.Split(t, ".") {
 		if w == "" {
@@ -312,12 +328,17 @@ func prepare(events []Event) (*enqueueArgs, error) {
 		a.dests[i] = cmp.Or(e.Destination, DefaultDestination)
 		a.headers[i] = "{}"
 		h := e.Headers
-		if e.AppID != "" {
-			h = make(map[string]string, len(e.Headers)+1)
+		if e.AppID != "" || e.Priority > 0 {
+			h = make(map[string]string, len(e.Headers)+2)
 			for k, v := range e.Headers {
 				h[k] = v
 			}
-			h[broker.HeaderAppID] = e.AppID
+			if e.AppID != "" {
+				h[broker.HeaderAppID] = e.AppID
+			}
+			if e.Priority > 0 {
+				h[broker.HeaderPriority] = strconv.Itoa(e.Priority)
+			}
 		}
 		if len(h) > 0 {
 			b, err := json.Marshal(h)

@@ -32,6 +32,7 @@ type published struct {
 // publish publishes msgs within PublishTimeout.
 func (r *Relay) publish(ctx context.Context, msgs []*broker.Message) published {
 	start := time.Now()
+	msgs = prioritised(msgs)
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	perr := r.cfg.Broker.Publish(pctx, msgs)
 	cancel()
@@ -134,4 +135,33 @@ func (r *Relay) observe(ctx context.Context, start time.Time, res batchResult) {
 		r.cfg.OnBatch(BatchStats{Claimed: res.claimed, Published: res.published, Failed: res.failed,
 			Duration: time.Since(start), PublishDuration: res.publishDur, MarkDuration: res.markDur, Err: res.err})
 	}
+}
+
+// prioritised returns msgs with each message that carries
+// broker.HeaderPriority (Event.Priority) replaced by a copy whose Type is
+// broker.PriorityType of it, so that only its priority's level of a
+// priority queue is bound to it (broker.Topology.Expanded). msgs itself
+// is returned when none does; a header that is not a priority (a row
+// written by hand) publishes at priority 0.
+func prioritised(msgs []*broker.Message) []*broker.Message {
+	var out []*broker.Message
+	for i, m := range msgs {
+		if _, ok := m.Headers[broker.HeaderPriority]; !ok {
+			continue
+		}
+		p, err := broker.MessagePriority(m)
+		if err != nil || p == 0 {
+			continue
+		}
+		if out == nil {
+			out = append([]*broker.Message(nil), msgs...)
+		}
+		c := *m
+		c.Type = broker.PriorityType(p, m.Type)
+		out[i] = &c
+	}
+	if out == nil {
+		return msgs
+	}
+	return out
 }

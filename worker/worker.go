@@ -285,6 +285,15 @@ type Config struct {
 	// Run fails with an error wrapping broker.ErrUnsupported on a broker
 	// whose Capabilities.Ordering is broker.OrderingNone.
 	Ordered bool
+	// PriorityWeights, for a queue with priorities (Topology's
+	// broker.Queue.Priorities), are the levels' shares, lowest level
+	// first, one per level: when several levels have messages ready they
+	// are handled in proportion (smooth weighted round robin), so a low
+	// level is never starved. Nil: strict, a level is served only while
+	// every higher one is empty. See broker.Prioritized for what either
+	// guarantees. New fails with ErrInvalidConfig when the count is not
+	// the queue's level count or a weight is not positive.
+	PriorityWeights []int
 	// BatchSize is the most deliveries one handling goroutine handles in
 	// one transaction. Defaults to DefaultBatchSize (1): one transaction per
 	// delivery. With BatchSize > 1 a goroutine takes the deliveries already
@@ -470,6 +479,17 @@ func New(cfg Config) (*Worker, error) {
 			return nil, bad("Config.Queue %q: not in Config.Topology", cfg.Queue)
 		}
 	}
+	if len(cfg.PriorityWeights) > 0 {
+		q, _ := cfg.Topology.Queue(cfg.Queue)
+		if n := len(q.Levels()); n < 2 || len(cfg.PriorityWeights) != n {
+			return nil, bad("Config.PriorityWeights: %d weights, the queue %q has %d priority level(s) in Config.Topology", len(cfg.PriorityWeights), cfg.Queue, n)
+		}
+		for i, wt := range cfg.PriorityWeights {
+			if wt <= 0 {
+				return nil, bad("Config.PriorityWeights[%d] %d: must be positive", i, wt)
+			}
+		}
+	}
 	if cfg.Policy == nil {
 		p := BackoffPolicy{}
 		if q, ok := cfg.Topology.Queue(cfg.Queue); ok {
@@ -559,16 +579,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	sub, err := w.cfg.Broker.Subscribe(ctx, w.cfg.Queue, broker.SubscribeOptions{
-		Prefetch:    w.cfg.Prefetch,
-		AckDeadline: w.cfg.AckDeadline,
-		Ordered:     w.cfg.Ordered,
-	})
+	sub, err := w.subscribe(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("worker: subscribe %s: %w", w.cfg.Queue, err)
+		return err
 	}
 
 	// Handlers and settlements run on hctx, which keeps ctx's values but
@@ -620,6 +636,42 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.log.Info("worker: stopped")
 	return fatal
+}
+
+// subscribe subscribes to the queue: to each of its priority levels,
+// merged by broker.Prioritized, when Config.Topology gives it
+// Priorities, else to the queue alone (still through Prioritized, which
+// takes the priority prefix off the Type of messages that other queues'
+// priorities gave one).
+func (w *Worker) subscribe(ctx context.Context) (broker.Subscription, error) {
+	names := []string{w.cfg.Queue}
+	if q, ok := w.cfg.Topology.Queue(w.cfg.Queue); ok {
+		names = q.Levels()
+	}
+	opts := broker.SubscribeOptions{Prefetch: w.cfg.Prefetch, AckDeadline: w.cfg.AckDeadline, Ordered: w.cfg.Ordered}
+	subs := make([]broker.Subscription, 0, len(names))
+	for _, n := range names {
+		s, err := w.cfg.Broker.Subscribe(ctx, n, opts)
+		if err != nil {
+			for _, o := range subs {
+				_ = o.Close()
+			}
+			return nil, fmt.Errorf("worker: subscribe %s: %w", n, err)
+		}
+		subs = append(subs, s)
+	}
+	var weights []int
+	if len(subs) > 1 {
+		weights = w.cfg.PriorityWeights
+	}
+	sub, err := broker.Prioritized(subs, weights)
+	if err != nil {
+		for _, o := range subs {
+			_ = o.Close()
+		}
+		return nil, fmt.Errorf("%w: Config.PriorityWeights: %v", ErrInvalidConfig, err)
+	}
+	return sub, nil
 }
 
 // loop receives and handles deliveries until loopCtx is done.

@@ -271,6 +271,8 @@ func (b *kafkaBroker) Declare(ctx context.Context, t broker.Topology) error {
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("kafka: declare: %w", err)
 	}
+	// A queue with priorities is a queue per level (broker.Queue.Priorities).
+	t = t.Expanded()
 	for _, q := range t.Queues {
 		if q.Name == t.Exchange {
 			return fmt.Errorf("kafka: declare: queue %s: a queue may not be named like its exchange (both are Kafka names)", q.Name)

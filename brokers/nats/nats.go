@@ -308,6 +308,8 @@ func (b *natsBroker) Declare(ctx context.Context, t broker.Topology) error {
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("nats: declare: %w", err)
 	}
+	// A queue with priorities is a queue per level (broker.Queue.Priorities).
+	t = t.Expanded()
 	// One Declare at a time, so concurrent declarations of one exchange
 	// merge their queues.
 	b.declareMu.Lock()

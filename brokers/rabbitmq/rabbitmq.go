@@ -486,6 +486,8 @@ func (r *rabbit) Declare(ctx context.Context, t broker.Topology) error {
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("rabbitmq: declare: %w", err)
 	}
+	// A queue with priorities is a queue per level (broker.Queue.Priorities).
+	t = t.Expanded()
 	for _, q := range t.Queues {
 		for i, d := range q.Delays() {
 			if d < time.Millisecond || d > MaxRetryDelay {

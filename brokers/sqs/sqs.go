@@ -253,6 +253,8 @@ func (b *Broker) Declare(ctx context.Context, t broker.Topology) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	// A queue with priorities is a queue per level (broker.Queue.Priorities).
+	t = t.Expanded()
 	seen := map[string]string{}
 	for _, q := range t.Queues {
 		n := QueueName(t.Exchange, q.Name, b.cfg.FIFO)

@@ -297,6 +297,18 @@
 // runs, freed once the transaction ended), then the rate is checked; a
 // delivery over either limit is snoozed. Both need BatchSize 1.
 //
+// # Priorities
+//
+// A queue with priority levels (broker.Queue.Priorities in
+// Config.Topology) is consumed level by level: Run subscribes to each
+// level's queue (broker.Queue.Levels) and merges them with
+// broker.Prioritized, strict by default or in the shares of
+// Config.PriorityWeights. Every other queue's subscription goes through
+// Prioritized too, with one level, which only takes the priority prefix
+// off the Type of messages prioritised for other queues
+// (broker.PriorityType). A worker without Config.Topology consumes only
+// the queue it names (level 0).
+//
 // # Concurrency and shutdown
 //
 // Run handles up to Config.Concurrency messages at once, with

@@ -138,7 +138,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, log: log, pages: map[string]*template.Template{},
 		dlqs: map[string]broker.DeadLetterQueue{}, cache: map[string]*dlqReading{}, reads: map[string]bool{}, acted: map[string]time.Time{}}
-	for _, p := range []string{"overview", "outbox", "row", "dlq", "message", "confirm", "done", "story", "error", "login", "workflows", "workflow"} {
+	for _, p := range []string{"overview", "outbox", "row", "dlq", "message", "confirm", "done", "story", "error", "login", "workflows", "workflow", "limits"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+p+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", p, err)
@@ -165,6 +165,8 @@ func New(cfg Config) (*Console, error) {
 	m.HandleFunc("GET "+p+"/story", c.storyPage)
 	m.HandleFunc("GET "+p+"/workflows", c.workflowsPage)
 	m.HandleFunc("GET "+p+"/workflow", c.workflowPage)
+	m.HandleFunc("GET "+p+"/limits", c.limitsPage)
+	m.HandleFunc("GET "+p+"/api/limits", c.apiLimits)
 	m.HandleFunc("GET "+p+"/login", c.loginPage)
 	m.HandleFunc("POST "+p+"/login", c.login)
 	m.Handle("GET "+p+"/static/", c.static)

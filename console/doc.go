@@ -2,9 +2,10 @@
 // that shows the outbox (backlog, age of the oldest pending event,
 // scheduled and parked rows, publish and handle rates), the dead-letter
 // queues of the work queues on any broker (messages grouped by last
-// error), and a job's story (enqueued → published → each attempt → handled
-// or dead), and acts on them: retry or drop a parked row, replay or purge
-// dead messages.
+// error), a job's story (enqueued → published → each attempt → handled
+// or dead), and the flow-control limits (who holds the concurrency slots,
+// the rate limits' state, the messages waiting for a limit), and acts on
+// them: retry or drop a parked row, replay or purge dead messages.
 //
 // New returns an http.Handler; `ferry console` serves it, `ferry run` and
 // `ferry demo` serve it next to the API, and a service mounts it on its
@@ -16,8 +17,12 @@
 // It uses the framework's own operations and nothing else: outbox.ReadStats,
 // outbox.ListRows, outbox.RetryParked and DropParked, outbox.JobGet and
 // JobGetByAppID, and package dlq over broker.DeadLetterQueue; it imports no
-// adapter. Every action writes the same audit line as the ferry command's
-// (who, when, what; dlq.Replay, dlq.Purge, outbox.AuditParked).
+// adapter. The Limits page (and api/limits) reads package worker's
+// flow-control tables itself (worker.SlotsTable, worker.RatesTable and the
+// snoozes column of worker.AttemptsTable), read-only, in one transaction,
+// each query bounded by a LIMIT. Every action writes the same audit line
+// as the ferry command's (who, when, what; dlq.Replay, dlq.Purge,
+// outbox.AuditParked).
 //
 // # Pages
 //

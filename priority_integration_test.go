@@ -23,7 +23,7 @@ type prioJob struct {
 }
 
 // handledOrder records the priorities of the "job.work" jobs in the order
-// the handler ran them.
+// their handlers started.
 type handledOrder struct {
 	mu   sync.Mutex
 	prio []int
@@ -43,21 +43,24 @@ func (h *handledOrder) snapshot() []int {
 }
 
 // runPriorityBacklog runs a worker of a queue with three priority levels
-// (Concurrency 1) with weights, holds its only handler on a gate job while
+// with weights and conc handlers, holds every handler on a gate job while
 // a backlog of 20 jobs of priority 0, 10 of priority 1 and 10 of priority
 // 2 is enqueued (in that order, the worst case for a FIFO queue) and
 // published, then lets it go and returns the priorities in the order
 // they were handled.
-func runPriorityBacklog(t *testing.T, name string, weights []int) []int {
+func runPriorityBacklog(t *testing.T, name string, weights []int, conc int) []int {
 	bu := setup(t, name, "job.#")
 	bu.topo.Queues[0].Priorities = 3
+	bu.pool = bu.newPool(t)
 	ctx := bu.ctx
 	var (
 		order   handledOrder
 		warm    = make(chan struct{}, 3)
-		gateIn  = make(chan struct{}, 1)
+		gateIn  = make(chan struct{}, conc)
 		release = make(chan struct{})
+		once    sync.Once
 	)
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	mux := ferry.NewMux()
 	require.NoError(t, ferry.Handle(mux, "job.warm", func(ctx context.Context, tx pgx.Tx, j *ferry.Job[prioJob]) error {
 		warm <- struct{}{}
@@ -69,16 +72,18 @@ func runPriorityBacklog(t *testing.T, name string, weights []int) []int {
 		return nil
 	}))
 	require.NoError(t, ferry.Handle(mux, "job.work", func(ctx context.Context, tx pgx.Tx, j *ferry.Job[prioJob]) error {
+		// Recorded as the handler starts: the order the worker handed
+		// the jobs out in (with several handlers they end in any order).
+		order.add(j.Args.P)
 		// A handler's work: long enough for each level's subscription
 		// to fetch its next delivery meanwhile (a real handler's commit
 		// takes a few milliseconds).
 		time.Sleep(20 * time.Millisecond)
-		order.add(j.Args.P)
 		return nil
 	}))
 	bu.start(t, ferry.Config{
 		Relay:   &outbox.RelayConfig{},
-		Workers: []worker.Config{{Queue: bu.queue, Router: mux, Concurrency: 1, PriorityWeights: weights}},
+		Workers: []worker.Config{{Queue: bu.queue, Router: mux, Concurrency: conc, PriorityWeights: weights}},
 		Logger:  slog.New(slog.DiscardHandler),
 	})
 	enqueue := func(typ string, ps ...int) {
@@ -101,11 +106,13 @@ func runPriorityBacklog(t *testing.T, name string, weights []int) []int {
 			t.Fatal("the warm-up job of each priority level was not handled within 90 s")
 		}
 	}
-	enqueue("job.gate", 0)
-	select {
-	case <-gateIn:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the gate job was not handled within 60 s")
+	enqueue("job.gate", make([]int, conc)...)
+	for range conc {
+		select {
+		case <-gateIn:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the gate jobs were not all handled within 60 s")
+		}
 	}
 	var backlog []int
 	for range 20 {
@@ -123,7 +130,7 @@ func runPriorityBacklog(t *testing.T, name string, weights []int) []int {
 		return err == nil && st.Unprocessed == 0
 	}, 60*time.Second, 50*time.Millisecond, "the relay publishes the backlog")
 	time.Sleep(2 * time.Second) // the levels' subscriptions fetch theirs
-	close(release)
+	once.Do(func() { close(release) })
 	require.Eventually(t, func() bool { return len(order.snapshot()) == len(backlog) }, 60*time.Second, 50*time.Millisecond,
 		"every job of the backlog handled")
 	got := order.snapshot()
@@ -146,7 +153,7 @@ func countOf(ps []int, p int) int {
 // on every broker, although the backlog was enqueued lowest first.
 func TestPrioritiesStrictOnEveryBroker(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, name string) {
-		got := runPriorityBacklog(t, name, nil)
+		got := runPriorityBacklog(t, name, nil, 1)
 		// The first 10 handled are priority 2 but for at most one
 		// delivery a lower level had ready when a level-2 fetch was
 		// still in flight.
@@ -156,11 +163,25 @@ func TestPrioritiesStrictOnEveryBroker(t *testing.T) {
 	})
 }
 
+// Strict priorities with 8 handlers at once: every free handler takes
+// the highest level's next delivery, which the level's prefetch (twice
+// the handlers by default on a queue with priorities) has ready.
+func TestPrioritiesStrictWithConcurrencyOnEveryBroker(t *testing.T) {
+	forEachBroker(t, func(t *testing.T, name string) {
+		got := runPriorityBacklog(t, name, nil, 8)
+		// Handlers that take a job at the same moment start in any
+		// order, so a position or two of slack at each level's end.
+		require.GreaterOrEqual(t, countOf(got[:10], 2), 8, "the first 10 handled are the priority-2 jobs: %v", got)
+		require.LessOrEqual(t, countOf(got[:20], 0), 3, "no priority-0 job while the others wait: %v", got)
+		require.GreaterOrEqual(t, countOf(got[20:], 0), 17, "the priority-0 jobs last: %v", got)
+	})
+}
+
 // Weighted priorities (1:1:4): every level is served while all have jobs
 // ready, the top one four times as often, so the lowest is not starved.
 func TestPrioritiesWeightedOnEveryBroker(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, name string) {
-		got := runPriorityBacklog(t, name, []int{1, 1, 4})
+		got := runPriorityBacklog(t, name, []int{1, 1, 4}, 1)
 		first := got[:12] // two rounds of 6: 1, 1 and 4
 		require.GreaterOrEqual(t, countOf(first, 2), 6, "priority 2 takes most of the first 12: %v", got)
 		require.GreaterOrEqual(t, countOf(first, 1), 1, "priority 1 is not starved: %v", got)

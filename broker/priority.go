@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Priorities: the same idiom on every broker, a queue per level.
@@ -131,6 +132,10 @@ func (t Topology) Expanded() Topology {
 		if q.Priorities < 2 {
 			e := q
 			e.Bindings = slicesClone(q.Bindings)
+			if slices.Contains(q.Bindings, "#") {
+				out.Queues = append(out.Queues, e) // takes every Type already
+				continue
+			}
 			for p := 1; p <= MaxPriority; p++ {
 				for _, b := range q.Bindings {
 					e.Bindings = append(e.Bindings, priorityPrefix+strconv.Itoa(p)+"."+b)
@@ -161,7 +166,7 @@ func (t Topology) Expanded() Topology {
 	return out
 }
 
-func slicesClone(s []string) []string { return append([]string(nil), s...) }
+func slicesClone(s []string) []string { return slices.Clone(s) }
 
 // validatePriorities is Validate's part for Queue.Priorities.
 func validatePriorities(t Topology) error {
@@ -169,10 +174,22 @@ func validatePriorities(t Topology) error {
 	for _, q := range t.Queues {
 		names[q.Name] = q.Name
 	}
+	any := false
+	for _, q := range t.Queues {
+		any = any || q.Priorities >= 2
+	}
 	for i, q := range t.Queues {
 		for j, b := range q.Bindings {
 			if strings.HasPrefix(b, priorityPrefix) {
 				return fmt.Errorf("broker: topology: Queues[%d].Bindings[%d] %q: words starting with %q are reserved for priorities", i, j, b, priorityPrefix)
+			}
+			// A pattern led by a wildcard would match the priority
+			// prefix word itself: "*.created" takes "ferry-p1.created"
+			// (an event of type "created") and misses
+			// "ferry-p1.order.created". Only "#" alone is safe: it takes
+			// every Type either way.
+			if first, _, _ := strings.Cut(b, "."); any && q.Priorities < 2 && b != "#" && (first == "*" || first == "#") {
+				return fmt.Errorf("broker: topology: Queues[%d].Bindings[%d] %q: in a topology with priorities no queue may bind a pattern whose first word is a wildcard (it would match the priority prefix word); bind \"#\" or start the pattern with a word", i, j, b)
 			}
 		}
 		if q.Priorities == 0 || q.Priorities == 1 {
@@ -208,8 +225,9 @@ func validatePriorities(t Topology) error {
 // higher level is empty. Otherwise weights[k] > 0 is level k's share: when
 // several levels have deliveries ready, they are handed out in proportion
 // to their weights (smooth weighted round robin), so no level starves.
-// Each level's subscription keeps up to its prefetch in flight, plus one
-// delivery held here. Close closes every level's subscription and returns
+// Each level's subscription keeps up to its prefetch in flight, held
+// here until handed out; with several concurrent Receive callers each
+// takes the best delivery held at its call. Close closes every level's subscription and returns
 // the first error. Receive returns a level's error as it comes (ErrClosed
 // after Close).
 func Prioritized(levels []Subscription, weights []int) (Subscription, error) {
@@ -229,9 +247,8 @@ func Prioritized(levels []Subscription, weights []int) (Subscription, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &merged{levels: levels, weights: weights, cancel: cancel, done: make(chan struct{}),
-		ch: make([]chan received, len(levels)), credit: make([]int, len(levels))}
+		queued: make([][]received, len(levels)), credit: make([]int, len(levels)), arrived: make(chan struct{})}
 	for k, s := range levels {
-		m.ch[k] = make(chan received, 1)
 		m.wg.Add(1)
 		go m.pump(ctx, k, s)
 	}
@@ -247,20 +264,28 @@ type received struct {
 type merged struct {
 	levels  []Subscription
 	weights []int
-	ch      []chan received
 	cancel  context.CancelFunc
 	done    chan struct{}  // closed by Close
 	wg      sync.WaitGroup // the pumps
 
-	mu     sync.Mutex
-	credit []int // smooth weighted round robin state
-	closed bool
+	mu sync.Mutex
+	// queued holds each level's received deliveries not yet handed out,
+	// oldest first. It needs no bound of its own: a level's subscription
+	// hands out at most its prefetch unsettled deliveries, so its pump
+	// waits in Receive once that many are here or being handled.
+	queued  [][]received
+	arrived chan struct{} // closed (and replaced) when a delivery is queued
+	credit  []int         // smooth weighted round robin state
+	closed  bool
 }
 
-// pump receives from level k and hands each result over on m.ch[k]
-// (buffered, one place: Receive looks at which levels have one ready).
+// pump receives from level k and queues each result. After an error
+// other than ErrClosed it waits (100 ms, doubling up to 5 s) before the
+// next Receive, so that a level whose broker keeps failing does not fill
+// the queue with errors.
 func (m *merged) pump(ctx context.Context, k int, s Subscription) {
 	defer m.wg.Done()
+	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		d, err := s.Receive(ctx)
 		if ctx.Err() != nil {
@@ -268,74 +293,71 @@ func (m *merged) pump(ctx context.Context, k int, s Subscription) {
 			// broker redelivers it (Subscription.Close).
 			return
 		}
-		select {
-		case m.ch[k] <- received{d, err}:
-		case <-ctx.Done():
-			return
-		}
+		m.mu.Lock()
+		m.queued[k] = append(m.queued[k], received{d, err})
+		close(m.arrived)
+		m.arrived = make(chan struct{})
+		m.mu.Unlock()
 		if errors.Is(err, ErrClosed) {
 			return
 		}
+		if err == nil {
+			backoff = 100 * time.Millisecond
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
-// Receive implements Subscription.
+// Receive implements Subscription: it picks among every level's queued
+// deliveries, so concurrent callers each get the best one queued at the
+// time of their call.
 func (m *merged) Receive(ctx context.Context) (Delivery, error) {
-	have := make([]bool, len(m.ch))
 	for {
 		m.mu.Lock()
-		closed := m.closed
+		if m.closed {
+			m.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if k := m.pick(); k >= 0 {
+			r := m.queued[k][0]
+			m.queued[k][0] = received{}
+			m.queued[k] = m.queued[k][1:]
+			m.mu.Unlock()
+			return m.out(r)
+		}
+		arrived := m.arrived
 		m.mu.Unlock()
-		if closed {
-			return nil, ErrClosed
-		}
-		n := 0
-		for k, c := range m.ch {
-			have[k] = len(c) > 0
-			if have[k] {
-				n++
-			}
-		}
-		if n > 0 {
-			select {
-			case r := <-m.ch[m.pick(have)]:
-				return m.out(r)
-			default:
-				continue // another Receive took it first
-			}
-		}
-		cases := make([]reflect.SelectCase, 0, len(m.ch)+1)
-		for _, c := range m.ch {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
-		}
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(m.done)})
-		i, v, _ := reflect.Select(cases)
-		switch i {
-		case len(m.ch):
+		select {
+		case <-arrived:
+		case <-ctx.Done():
 			return nil, ctx.Err()
-		case len(m.ch) + 1:
+		case <-m.done:
 			return nil, ErrClosed
 		}
-		return m.out(v.Interface().(received))
 	}
 }
 
-// pick chooses among the levels with a ready delivery: the highest one
-// (strict), or by smooth weighted round robin.
-func (m *merged) pick(have []bool) int {
+// pick chooses among the levels with a queued delivery: the highest one
+// (strict), or by smooth weighted round robin; -1 when none has one.
+// m.mu is held.
+func (m *merged) pick() int {
 	if len(m.weights) == 0 {
-		for k := len(have) - 1; k >= 0; k-- {
-			if have[k] {
+		for k := len(m.queued) - 1; k >= 0; k-- {
+			if len(m.queued[k]) > 0 {
 				return k
 			}
 		}
+		return -1
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	total, best := 0, -1
-	for k := range have {
-		if !have[k] {
+	for k := range m.queued {
+		if len(m.queued[k]) == 0 {
 			continue
 		}
 		m.credit[k] += m.weights[k]
@@ -344,7 +366,9 @@ func (m *merged) pick(have []bool) int {
 			best = k
 		}
 	}
-	m.credit[best] -= total
+	if best >= 0 {
+		m.credit[best] -= total
+	}
 	return best
 }
 

@@ -57,3 +57,24 @@ func TestExpandedRoutesEachPriorityToOneLevel(t *testing.T) {
 	plain := Topology{Exchange: "x", Queues: []Queue{{Name: "a", Bindings: []string{"#"}}}}
 	require.Equal(t, plain, plain.Expanded())
 }
+
+// In a topology with priorities a wildcard-led pattern would match the
+// prefix word ("*.created" takes "ferry-p1.created"): refused on every
+// queue but "#" alone, whose queue takes every Type as it is.
+func TestPrioritiesRefuseWildcardLedPatterns(t *testing.T) {
+	for _, b := range []string{"*.created", "#.created", "*.*.b"} {
+		err := Topology{Exchange: "x", Queues: []Queue{
+			{Name: "jobs", Bindings: []string{"job.#"}, Priorities: 2},
+			{Name: "audit", Bindings: []string{"a.*", b}},
+		}}.Validate()
+		require.ErrorContains(t, err, "no queue may bind a pattern whose first word is a wildcard", b)
+	}
+	require.NoError(t, Topology{Exchange: "x", Queues: []Queue{{Name: "audit", Bindings: []string{"*.created"}}}}.Validate(),
+		"without priorities the pattern is fine")
+	top := Topology{Exchange: "x", Queues: []Queue{
+		{Name: "jobs", Bindings: []string{"job.#"}, Priorities: 2},
+		{Name: "all", Bindings: []string{"#"}},
+	}}
+	require.NoError(t, top.Validate())
+	require.Equal(t, []string{"#"}, top.Expanded().Queues[2].Bindings, "\"#\" needs no prefixed binding")
+}

@@ -273,7 +273,9 @@ type Config struct {
 	// Prefetch bounds the deliveries received and not yet settled
 	// (broker.SubscribeOptions.Prefetch). Defaults to broker.DefaultPrefetch
 	// (10), or to Concurrency × BatchSize when that is larger, so no
-	// handler idles for want of a delivery.
+	// handler idles for want of a delivery; on a queue with priorities
+	// (per level) to twice Concurrency × BatchSize, so that a free
+	// handler finds the top level's next delivery already fetched.
 	Prefetch int
 	// Ordered asks the subscription for per-key order
 	// (broker.SubscribeOptions.Ordered): a message with a Key is handed to
@@ -460,6 +462,13 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.Prefetch == 0 {
 		cfg.Prefetch = max(broker.DefaultPrefetch, cfg.Concurrency*cfg.BatchSize)
+		if q, ok := cfg.Topology.Queue(cfg.Queue); ok && q.Priorities >= 2 {
+			// Each level holds the handlers' worth again beyond those
+			// being handled, so that the top level's next delivery is
+			// here when a handler is free (the refill of a level takes
+			// a round trip to the broker).
+			cfg.Prefetch = max(broker.DefaultPrefetch, 2*cfg.Concurrency*cfg.BatchSize)
+		}
 	}
 	if cfg.AckDeadline == 0 {
 		cfg.AckDeadline = DefaultAckDeadline
@@ -645,7 +654,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // priorities gave one).
 func (w *Worker) subscribe(ctx context.Context) (broker.Subscription, error) {
 	names := []string{w.cfg.Queue}
-	if q, ok := w.cfg.Topology.Queue(w.cfg.Queue); ok {
+	q, known := w.cfg.Topology.Queue(w.cfg.Queue)
+	if known {
 		names = q.Levels()
 	}
 	opts := broker.SubscribeOptions{Prefetch: w.cfg.Prefetch, AckDeadline: w.cfg.AckDeadline, Ordered: w.cfg.Ordered}
@@ -659,6 +669,21 @@ func (w *Worker) subscribe(ctx context.Context) (broker.Subscription, error) {
 			return nil, fmt.Errorf("worker: subscribe %s: %w", n, err)
 		}
 		subs = append(subs, s)
+	}
+	if !known {
+		// Without a Topology the worker does not know whether its queue
+		// has priority levels: it consumes those declared on its Broker
+		// (by another part of the process, e.g. the relay's pipeline),
+		// so that no level is left unconsumed.
+		for k := 1; k <= broker.MaxPriority; k++ {
+			n := broker.PriorityQueueName(w.cfg.Queue, k)
+			s, err := w.cfg.Broker.Subscribe(ctx, n, opts)
+			if err != nil {
+				break // ErrUnknownQueue: no such level
+			}
+			w.log.Info("worker: consuming a priority level of the queue declared on this broker", "level", n)
+			subs = append(subs, s)
+		}
 	}
 	var weights []int
 	if len(subs) > 1 {

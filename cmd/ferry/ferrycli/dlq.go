@@ -255,7 +255,7 @@ func writeDeadJSON(w io.Writer, msgs []broker.DeadMessage) error {
 	items := make([]deadJSON, 0, len(msgs))
 	for _, m := range msgs {
 		j := deadJSON{
-			ID: m.Message.ID, AppID: m.Message.Headers[broker.HeaderAppID], Type: m.Message.Type, Key: m.Message.Key, Attempts: m.Message.Attempt,
+			ID: m.Message.ID, AppID: m.Message.Headers[broker.HeaderAppID], Type: dlqType(m.Message.Type), Key: m.Message.Key, Attempts: m.Message.Attempt,
 			LastError: m.LastError, FirstFailedAt: timePtr(firstFailed(m)), DeadAt: timePtr(m.DeadAt),
 			Headers: m.Message.Headers,
 		}
@@ -286,7 +286,7 @@ func writeDeadTable(w io.Writer, msgs []broker.DeadMessage) {
 		if appID == "" {
 			appID = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Message.ID, clipText(appID, 40), m.Message.Type, m.Message.Attempt, first, clipText(m.LastError, 120))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Message.ID, clipText(appID, 40), dlqType(m.Message.Type), m.Message.Attempt, first, clipText(m.LastError, 120))
 	}
 	tw.Flush()
 }
@@ -414,4 +414,12 @@ func listSuffix(ids []string) string {
 		return ""
 	}
 	return ": " + strings.Join(ids, ", ")
+}
+
+// dlqType is the event type a dead message was enqueued with: its Type
+// without the priority prefix a priority level's messages travel with
+// (broker.PriorityType), as the handler saw it.
+func dlqType(t string) string {
+	_, typ := broker.SplitPriorityType(t)
+	return typ
 }

@@ -5,7 +5,7 @@
 #                   chromium.sh), point the tests at them and run every
 #                   package's tests, one at a time (about 45 minutes on a
 #                   clean 2-core machine, installs included; the last run
-#                   on a clean clone took 2665 s)
+#                   on a clean clone took 2755 s)
 #   make test-long  the tests too slow for CI: SQS FIFO's 5-minute
 #                   deduplication window, waited out on ElasticMQ and moto,
 #                   and the worker suite on moto

@@ -48,8 +48,10 @@ const (
 	// has at most MaxPriority+1 levels. A message whose priority is above
 	// its queue's top level goes to the top level.
 	MaxPriority = 4
-	// priorityPrefix starts the first word of a prioritised Type.
-	priorityPrefix = "ferry-p"
+	// PriorityPrefix starts the first word of a prioritised Type
+	// (PriorityType); event types and binding patterns may not start with
+	// it.
+	PriorityPrefix = "ferry-p"
 )
 
 // PriorityType returns the Type a message of priority p (0..MaxPriority)
@@ -58,16 +60,16 @@ func PriorityType(p int, typ string) string {
 	if p <= 0 {
 		return typ
 	}
-	return priorityPrefix + strconv.Itoa(min(p, MaxPriority)) + "." + typ
+	return PriorityPrefix + strconv.Itoa(min(p, MaxPriority)) + "." + typ
 }
 
 // SplitPriorityType is the inverse of PriorityType: the priority (0 when
 // t has no priority prefix) and the Type without it.
 func SplitPriorityType(t string) (p int, typ string) {
-	if !strings.HasPrefix(t, priorityPrefix) {
+	if !strings.HasPrefix(t, PriorityPrefix) {
 		return 0, t
 	}
-	word, rest, ok := strings.Cut(t[len(priorityPrefix):], ".")
+	word, rest, ok := strings.Cut(t[len(PriorityPrefix):], ".")
 	if !ok {
 		return 0, t
 	}
@@ -120,45 +122,29 @@ func (q Queue) Levels() []string {
 // A topology without priorities is returned unchanged. t must be valid
 // (Validate).
 func (t Topology) Expanded() Topology {
-	any := false
-	for _, q := range t.Queues {
-		any = any || q.Priorities >= 2
-	}
-	if !any {
+	if !t.hasPriorities() {
 		return t
 	}
 	out := Topology{Exchange: t.Exchange}
 	for _, q := range t.Queues {
 		if q.Priorities < 2 {
 			e := q
-			e.Bindings = slicesClone(q.Bindings)
-			if slices.Contains(q.Bindings, "#") {
-				out.Queues = append(out.Queues, e) // takes every Type already
-				continue
-			}
-			for p := 1; p <= MaxPriority; p++ {
-				for _, b := range q.Bindings {
-					e.Bindings = append(e.Bindings, priorityPrefix+strconv.Itoa(p)+"."+b)
-				}
+			e.Bindings = slices.Clone(q.Bindings)
+			if !slices.Contains(q.Bindings, "#") { // "#" takes every Type already
+				e.Bindings = appendPrioritised(e.Bindings, q.Bindings, 1, MaxPriority)
 			}
 			out.Queues = append(out.Queues, e)
 			continue
 		}
 		for k := range q.Priorities {
 			e := Queue{Name: PriorityQueueName(q.Name, k), RetryDelays: q.RetryDelays}
-			if k == 0 {
-				e.Bindings = slicesClone(q.Bindings)
-			}
-			// Level k takes priority k, and the top level every
-			// priority above it.
-			top := k
-			if k == q.Priorities-1 {
-				top = MaxPriority
-			}
-			for p := max(k, 1); k > 0 && p <= top; p++ {
-				for _, b := range q.Bindings {
-					e.Bindings = append(e.Bindings, priorityPrefix+strconv.Itoa(p)+"."+b)
-				}
+			switch {
+			case k == 0:
+				e.Bindings = slices.Clone(q.Bindings)
+			case k < q.Priorities-1:
+				e.Bindings = appendPrioritised(nil, q.Bindings, k, k)
+			default: // the top level takes every priority above it too
+				e.Bindings = appendPrioritised(nil, q.Bindings, k, MaxPriority)
 			}
 			out.Queues = append(out.Queues, e)
 		}
@@ -166,7 +152,21 @@ func (t Topology) Expanded() Topology {
 	return out
 }
 
-func slicesClone(s []string) []string { return slices.Clone(s) }
+// appendPrioritised appends to dst each pattern of bindings as the
+// Types of priorities from..to travel (PriorityType of the pattern).
+func appendPrioritised(dst, bindings []string, from, to int) []string {
+	for p := from; p <= to; p++ {
+		for _, b := range bindings {
+			dst = append(dst, PriorityType(p, b))
+		}
+	}
+	return dst
+}
+
+// hasPriorities reports whether a queue of t has priority levels.
+func (t Topology) hasPriorities() bool {
+	return slices.ContainsFunc(t.Queues, func(q Queue) bool { return q.Priorities >= 2 })
+}
 
 // validatePriorities is Validate's part for Queue.Priorities.
 func validatePriorities(t Topology) error {
@@ -174,21 +174,18 @@ func validatePriorities(t Topology) error {
 	for _, q := range t.Queues {
 		names[q.Name] = q.Name
 	}
-	any := false
-	for _, q := range t.Queues {
-		any = any || q.Priorities >= 2
-	}
+	prioritised := t.hasPriorities()
 	for i, q := range t.Queues {
 		for j, b := range q.Bindings {
-			if strings.HasPrefix(b, priorityPrefix) {
-				return fmt.Errorf("broker: topology: Queues[%d].Bindings[%d] %q: words starting with %q are reserved for priorities", i, j, b, priorityPrefix)
+			if strings.HasPrefix(b, PriorityPrefix) {
+				return fmt.Errorf("broker: topology: Queues[%d].Bindings[%d] %q: words starting with %q are reserved for priorities", i, j, b, PriorityPrefix)
 			}
 			// A pattern led by a wildcard would match the priority
 			// prefix word itself: "*.created" takes "ferry-p1.created"
 			// (an event of type "created") and misses
 			// "ferry-p1.order.created". Only "#" alone is safe: it takes
 			// every Type either way.
-			if first, _, _ := strings.Cut(b, "."); any && q.Priorities < 2 && b != "#" && (first == "*" || first == "#") {
+			if first, _, _ := strings.Cut(b, "."); prioritised && q.Priorities < 2 && b != "#" && (first == "*" || first == "#") {
 				return fmt.Errorf("broker: topology: Queues[%d].Bindings[%d] %q: in a topology with priorities no queue may bind a pattern whose first word is a wildcard (it would match the priority prefix word); bind \"#\" or start the pattern with a word", i, j, b)
 			}
 		}

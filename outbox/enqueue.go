@@ -217,8 +217,8 @@ func validateType(t string) error {
 	if !utf8.ValidString(t) {
 		return errors.New("is not valid UTF-8")
 	}
-	if strings.HasPrefix(t, "ferry-p") {
-		return errors.New(`must not start with "ferry-p" (reserved for priorities, broker.PriorityType)`)
+	if strings.HasPrefix(t, broker.PriorityPrefix) {
+		return fmt.Errorf("must not start with %q (reserved for priorities, broker.PriorityType)", broker.PriorityPrefix)
 	}
 	for _, w := range strings.Split(t, ".") {
 		if w == "" {

@@ -146,9 +146,6 @@ func (r *Relay) observe(ctx context.Context, start time.Time, res batchResult) {
 func prioritised(msgs []*broker.Message) []*broker.Message {
 	var out []*broker.Message
 	for i, m := range msgs {
-		if _, ok := m.Headers[broker.HeaderPriority]; !ok {
-			continue
-		}
 		p, err := broker.MessagePriority(m)
 		if err != nil || p == 0 {
 			continue

@@ -41,10 +41,7 @@ func BenchmarkRetentionShapes(b *testing.B) {
 		_, err := c.Exec(ctx, fmt.Sprintf(`CREATE TABLE ret_partition_%d PARTITION OF ret_partition FOR VALUES FROM (%d) TO (%d)`, p, p*part, (p+1)*part))
 		require.NoError(b, err)
 	}
-	lsn := func() (l int64) {
-		require.NoError(b, c.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&l))
-		return l
-	}
+	lsn := func() int64 { return walPosition(b, ctx, c) }
 	insert := func(table string) time.Duration {
 		start := time.Now()
 		for i := 0; i < n; i += 500 {

@@ -1,12 +1,14 @@
 package outbox_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry/outbox"
@@ -31,10 +33,7 @@ func BenchmarkWALShapes(b *testing.B) {
 	ev := outbox.Event{Type: "test.bench", Key: "user-42", Body: []byte(benchBody), Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 	payload, err := json.Marshal(map[string]any{"type": ev.Type, "key": ev.Key, "body": ev.Body, "headers": ev.Headers, "destination": outbox.DefaultDestination})
 	require.NoError(b, err)
-	lsn := func() (l int64) {
-		require.NoError(b, c.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&l))
-		return l
-	}
+	lsn := func() int64 { return walPosition(b, ctx, c) }
 	var rowT, msgT time.Duration
 	var rowW, msgW int64
 	var ids []int64
@@ -78,4 +77,12 @@ func BenchmarkWALShapes(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	fmt.Printf("BenchmarkWALShapes: %d events of %d bytes: row shape %.0f µs per producer transaction, %.0f WAL bytes (+%.0f for the relay's bulk delete); message shape %.0f µs, %.0f WAL bytes\n",
 		b.N, len(ev.Body), float64(rowT.Microseconds())/n, float64(rowW)/n, float64(delW)/n, float64(msgT.Microseconds())/n, float64(msgW)/n)
+}
+
+// walPosition returns the server's current WAL position in bytes
+// (pg_current_wal_lsn as a number): the difference of two is the WAL
+// written between them.
+func walPosition(tb testing.TB, ctx context.Context, c *pgxpool.Conn) (l int64) {
+	require.NoError(tb, c.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&l))
+	return l
 }

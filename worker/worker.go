@@ -660,12 +660,15 @@ func (w *Worker) subscribe(ctx context.Context) (broker.Subscription, error) {
 	}
 	opts := broker.SubscribeOptions{Prefetch: w.cfg.Prefetch, AckDeadline: w.cfg.AckDeadline, Ordered: w.cfg.Ordered}
 	subs := make([]broker.Subscription, 0, len(names))
+	closeAll := func() {
+		for _, o := range subs {
+			_ = o.Close()
+		}
+	}
 	for _, n := range names {
 		s, err := w.cfg.Broker.Subscribe(ctx, n, opts)
 		if err != nil {
-			for _, o := range subs {
-				_ = o.Close()
-			}
+			closeAll()
 			return nil, fmt.Errorf("worker: subscribe %s: %w", n, err)
 		}
 		subs = append(subs, s)
@@ -685,15 +688,10 @@ func (w *Worker) subscribe(ctx context.Context) (broker.Subscription, error) {
 			subs = append(subs, s)
 		}
 	}
-	var weights []int
-	if len(subs) > 1 {
-		weights = w.cfg.PriorityWeights
-	}
-	sub, err := broker.Prioritized(subs, weights)
+	// New checked PriorityWeights against the levels of Config.Topology.
+	sub, err := broker.Prioritized(subs, w.cfg.PriorityWeights)
 	if err != nil {
-		for _, o := range subs {
-			_ = o.Close()
-		}
+		closeAll()
 		return nil, fmt.Errorf("%w: Config.PriorityWeights: %v", ErrInvalidConfig, err)
 	}
 	return sub, nil

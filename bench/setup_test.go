@@ -65,6 +65,9 @@ type settings struct {
 	relayModes []string
 	// relayBatchDelay is outbox.RelayConfig.BatchDelay (0: the default).
 	relayBatchDelay time.Duration
+	// settleInterval is outbox.RelayConfig.SettleInterval, the WAL
+	// relay's (0: the default; negative: every batch at once).
+	settleInterval time.Duration
 	// notifyWindow is outbox.SetNotifyWindow's window; negative leaves
 	// the package default.
 	notifyWindow time.Duration
@@ -98,6 +101,7 @@ func loadSettings(b *testing.B) settings {
 	}
 	s := settings{
 		relayBatchDelay: envDur("FERRY_BENCH_RELAY_BATCH_DELAY", 0, true),
+		settleInterval:  envDur("FERRY_BENCH_SETTLE_INTERVAL", 0, true),
 		notifyWindow:    envDur("FERRY_BENCH_NOTIFY_WINDOW", -1, false),
 		events:          envInt("FERRY_BENCH_EVENTS", 20000),
 		producers:       envInt("FERRY_BENCH_PRODUCERS", 4),
@@ -150,8 +154,12 @@ func (s settings) String() string {
 	if s.relayBatchDelay != 0 {
 		batchDelay = s.relayBatchDelay.String()
 	}
-	return fmt.Sprintf("notify window %v; relay BatchSize=%d Concurrency=%d BatchDelay=%s (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s BatchSize=%d (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
-		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerBatch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
+	settle := "default " + outbox.DefaultSettleInterval.String()
+	if s.settleInterval != 0 {
+		settle = s.settleInterval.String()
+	}
+	return fmt.Sprintf("notify window %v; relay BatchSize=%d Concurrency=%d BatchDelay=%s SettleInterval=%s (pool %d conns); rabbitmq PublishChannels=%d; worker Concurrency=%d Prefetch=%s BatchSize=%d (pool %d conns); producers=%d (pool %d conns); load average %s on %d CPUs",
+		outbox.NotifyWindow(), s.relayBatch, s.relayConc, batchDelay, settle, s.relayConc+2, s.publishChannels, s.workerConc, prefetch, s.workerBatch, s.workerConc+2, s.producers, s.producers, machineLoad(), runtime.NumCPU())
 }
 
 // machineLoad returns the 1-minute load average, to judge how far the
@@ -445,7 +453,7 @@ func startPipeline(b *testing.B, kind string, db database, tp broker.Topology, s
 		pools = append(pools, pool)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			Pool: pool, Broker: newBroker(b, kind, tp, s),
-			BatchSize: s.relayBatch, Concurrency: s.relayConc, BatchDelay: s.relayBatchDelay, Retention: -1, Logger: quietLogger,
+			BatchSize: s.relayBatch, Concurrency: s.relayConc, BatchDelay: s.relayBatchDelay, SettleInterval: s.settleInterval, Retention: -1, Logger: quietLogger,
 			AfterPublish: pt.afterPublish, Mode: pt.mode, Slot: db.slot,
 			OnBatch: func(st outbox.BatchStats) {
 				if st.Published > 0 {

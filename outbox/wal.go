@@ -33,6 +33,14 @@ const (
 // DefaultStatusInterval is RelayConfig.StatusInterval's default.
 const DefaultStatusInterval = time.Second
 
+// DefaultSettleInterval is RelayConfig.SettleInterval's default.
+const DefaultSettleInterval = 50 * time.Millisecond
+
+// MaxSettleInterval bounds RelayConfig.SettleInterval: the slot's
+// position, and with it the WAL the server keeps, trails the broker by at
+// most this much.
+const MaxSettleInterval = 10 * time.Second
+
 // MaxSlotNameBytes bounds RelayConfig.Slot: PostgreSQL's NAMEDATALEN-1.
 const MaxSlotNameBytes = 63
 

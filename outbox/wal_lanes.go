@@ -445,23 +445,51 @@ func (r *Relay) walPublishBatch(ctx context.Context, ids []int64, msgs []*broker
 }
 
 // walSettler settles the batches in the order they were cut (see the top
-// of this file), releasing a slot for each, until batches is closed.
+// of this file), releasing a slot for each as soon as its parts were
+// reported, until batches is closed. The database side of settling (the
+// confirmed rows deleted) and the move of the slot's position are
+// gathered over RelayConfig.SettleInterval (walPending), so that at low
+// rates, where every batch holds a few events, the relay commits once per
+// interval rather than once per batch.
 func (r *Relay) walSettler(ctx context.Context, batches <-chan *walBatch, slots <-chan struct{}, pl *walPipeline, st *walState) {
 	var (
 		queue   []*walBatch
 		open    = true
 		stopped bool
+		pend    walPending
+		timer   *time.Timer
+		due     <-chan time.Time
 	)
+	flush := func() {
+		if timer != nil {
+			timer.Stop()
+			timer, due = nil, nil
+		}
+		if !stopped && !r.walFlush(ctx, &pend, pl, st) {
+			stopped = true
+		}
+		pend = walPending{}
+	}
 	for open || len(queue) > 0 {
 		if len(queue) == 0 {
-			b, ok := <-batches
-			if !ok {
-				open = false
+			select {
+			case b, ok := <-batches:
+				if !ok {
+					open = false
+					continue
+				}
+				queue = append(queue, b)
+			case <-due:
+				flush()
 				continue
 			}
-			queue = append(queue, b)
 		}
-		<-queue[0].done // the lanes report every part, also when stopping
+		select {
+		case <-queue[0].done: // the lanes report every part, also when stopping
+		case <-due:
+			flush()
+			<-queue[0].done
+		}
 	pull:
 		for open {
 			select {
@@ -479,38 +507,99 @@ func (r *Relay) walSettler(ctx context.Context, batches <-chan *walBatch, slots 
 		for n < len(queue) && !queue[n-1].incomplete && queue[n].isDone() {
 			n++
 		}
-		if !stopped && !r.walSettle(ctx, queue[:n], pl, st) {
-			stopped = true
+		if !stopped {
+			pend.add(r, queue[:n])
 		}
 		for range n {
 			<-slots
 		}
 		clear(queue[:n])
 		queue = append(queue[:0], queue[n:]...)
+		switch {
+		case stopped:
+		case pend.urgent || len(pend.all.okIDs) >= walSettleRows || r.cfg.SettleInterval < 0 || !open:
+			flush()
+		case timer == nil:
+			timer = time.NewTimer(r.cfg.SettleInterval)
+			due = timer.C
+		}
+	}
+	if len(pend.batches) > 0 {
+		flush()
 	}
 }
 
-// walSettle settles group (consecutive batches whose parts were all
-// reported; only the last may be incomplete) in one database transaction:
-// the confirmed rows deleted (the WAL relay's only write per event), the
-// refused ones parked, the outage's reason recorded; then the confirmed
-// position moves past the transactions of its complete batches. It
-// reports whether the settler may go on: false after an incomplete batch
-// or when the database failed (which stops the pipeline as an outage).
-func (r *Relay) walSettle(ctx context.Context, group []*walBatch, pl *walPipeline, st *walState) bool {
-	var all settlement
+// walSettleRows bounds the confirmed rows the WAL relay gathers before it
+// settles them, whatever RelayConfig.SettleInterval: the size of one
+// DELETE's id array (8 bytes each).
+const walSettleRows = 8192
+
+// walPending is what the WAL relay has gathered to settle in one database
+// transaction: consecutive batches whose parts were all reported, the
+// last possibly incomplete (then urgent: it is settled at once).
+type walPending struct {
+	batches []walSettled
+	all     settlement
+	// urgent: a batch is incomplete, or an event was refused or met an
+	// outage: parked rows and the outage's reason are recorded at once,
+	// and the settler settles nothing after an incomplete batch.
+	urgent bool
+}
+
+// walSettled is one batch gathered in a walPending: what observe and the
+// position need of it once its settlement committed.
+type walSettled struct {
+	start      time.Time
+	res        batchResult
+	confirmed  time.Time // the last confirm of its Publish calls (zero: none)
+	claimed    int
+	txs        int64
+	end        pglogrepl.LSN
+	incomplete bool
+}
+
+// add gathers group (consecutive reported batches, only the last of which
+// may be incomplete) into p, and lets their messages go.
+func (p *walPending) add(r *Relay, group []*walBatch) {
 	for _, b := range group {
+		s := walSettled{start: b.start, txs: b.txs, end: b.end, incomplete: b.incomplete}
 		for _, c := range b.chunks {
-			all.okIDs = append(all.okIDs, c.st.okIDs...)
-			all.failIDs = append(all.failIDs, c.st.failIDs...)
-			all.failErrs = append(all.failErrs, c.st.failErrs...)
-			all.failDelays = append(all.failDelays, c.st.failDelays...)
-			all.downIDs = append(all.downIDs, c.st.downIDs...)
-			if all.downErr == nil {
-				all.downErr = c.st.downErr
+			p.all.okIDs = append(p.all.okIDs, c.st.okIDs...)
+			p.all.failIDs = append(p.all.failIDs, c.st.failIDs...)
+			p.all.failErrs = append(p.all.failErrs, c.st.failErrs...)
+			p.all.failDelays = append(p.all.failDelays, c.st.failDelays...)
+			p.all.downIDs = append(p.all.downIDs, c.st.downIDs...)
+			if p.all.downErr == nil {
+				p.all.downErr = c.st.downErr
+			}
+			p.urgent = p.urgent || len(c.st.failIDs) > 0 || len(c.st.downIDs) > 0
+			var cr batchResult
+			r.settled(&cr, c.p, c.st)
+			s.claimed += len(c.ids)
+			s.res.published += cr.published
+			s.res.failed += cr.failed
+			s.res.publishDur = max(s.res.publishDur, c.p.publishDur)
+			if s.res.err == nil {
+				s.res.err = cr.err
+			}
+			if c.p.confirmedAt.After(s.confirmed) {
+				s.confirmed = c.p.confirmedAt
 			}
 		}
+		s.res.claimed = s.claimed
+		p.urgent = p.urgent || b.incomplete
+		p.batches = append(p.batches, s)
 	}
+}
+
+// walFlush settles p in one database transaction: the confirmed rows
+// deleted (the WAL relay's only write per event), the refused ones
+// parked, the outage's reason recorded; then the confirmed position moves
+// past the transactions of its complete batches. It reports whether the
+// settler may go on: false after an incomplete batch or when the database
+// failed (which stops the pipeline as an outage).
+func (r *Relay) walFlush(ctx context.Context, p *walPending, pl *walPipeline, st *walState) bool {
+	all := p.all
 	if len(all.okIDs)+len(all.failIDs)+len(all.downIDs) > 0 {
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
@@ -534,12 +623,9 @@ func (r *Relay) walSettle(ctx context.Context, group []*walBatch, pl *walPipelin
 		cancel()
 		if err != nil {
 			res := batchResult{err: fmt.Errorf("outbox: wal relay: settle: %w", err), outage: true, dbFault: true}
-			for _, b := range group {
-				res.claimed = 0
-				for _, c := range b.chunks {
-					res.claimed += len(c.ids)
-				}
-				r.observe(ctx, b.start, res)
+			for _, s := range p.batches {
+				res.claimed = s.claimed
+				r.observe(ctx, s.start, res)
 			}
 			pl.stop(res)
 			return false
@@ -555,35 +641,20 @@ func (r *Relay) walSettle(ctx context.Context, group []*walBatch, pl *walPipelin
 		end pglogrepl.LSN
 		txs int64
 	)
-	for _, b := range group {
-		res := batchResult{}
-		var confirmedAt time.Time
-		for _, c := range b.chunks {
-			var cr batchResult
-			r.settled(&cr, c.p, c.st)
-			res.claimed += len(c.ids)
-			res.published += cr.published
-			res.failed += cr.failed
-			res.publishDur = max(res.publishDur, c.p.publishDur)
-			if res.err == nil {
-				res.err = cr.err
-			}
-			if c.p.confirmedAt.After(confirmedAt) {
-				confirmedAt = c.p.confirmedAt
-			}
+	for _, s := range p.batches {
+		res := s.res
+		if !s.confirmed.IsZero() {
+			res.markDur = time.Since(s.confirmed)
 		}
-		if !confirmedAt.IsZero() {
-			res.markDur = time.Since(confirmedAt)
-		}
-		r.observe(ctx, b.start, res)
-		if b.incomplete {
+		r.observe(ctx, s.start, res)
+		if s.incomplete {
 			break
 		}
-		txs += b.txs
-		if b.end != 0 {
-			end = b.end
+		txs += s.txs
+		if s.end != 0 {
+			end = s.end
 		}
 	}
 	st.settle(end, txs)
-	return !group[len(group)-1].incomplete
+	return len(p.batches) == 0 || !p.batches[len(p.batches)-1].incomplete
 }

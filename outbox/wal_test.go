@@ -182,6 +182,46 @@ func TestWALRelayCommitOrder(t *testing.T) {
 	}
 }
 
+// The WAL relay gathers the confirmed batches over SettleInterval and
+// settles them in one transaction: events committed one by one are all
+// published at once, their rows stay until the interval ends (or the
+// relay stops, which settles what it gathered before it returns), and
+// then go, with the slot's position past them.
+func TestWALRelayGathersSettlements(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	rg := setup(t)
+	slot := walSlot(t)
+	cfg := outbox.RelayConfig{Pool: rg.pool, Broker: rg.b, Mode: outbox.RelayModeWAL, Slot: slot, SettleInterval: 5 * time.Second}
+	stop := runRelay(t, newRelay(t, cfg))
+	waitStreaming(t, rg.pool, slot)
+	var ids []int64
+	for range 10 { // ten transactions, so ten small batches
+		ids = append(ids, enqueue(t, rg.pool, events(1, "test.gather")...)...)
+		time.Sleep(10 * time.Millisecond)
+	}
+	receiveOrdered(t, rg.b, rg.queue, len(ids), 0)
+	require.Equal(t, len(ids), walRows(t, rg.pool), "published, and gathered: the rows wait for the interval's one settlement")
+	stop()
+	require.Zero(t, walRows(t, rg.pool), "a relay that stops settles what it gathered")
+	s, err := outbox.ReadWALStats(ctx, rg.pool, slot, "")
+	require.NoError(t, err)
+	require.Zero(t, s.Unconfirmed)
+
+	// Running, the interval settles them.
+	cfg.SettleInterval = 500 * time.Millisecond
+	runRelay(t, newRelay(t, cfg))
+	waitStreaming(t, rg.pool, slot)
+	more := enqueue(t, rg.pool, events(3, "test.gather")...)
+	receiveOrdered(t, rg.b, rg.queue, len(more), 0)
+	require.Eventually(t, func() bool { return walRows(t, rg.pool) == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		s, err := outbox.ReadWALStats(ctx, rg.pool, slot, "")
+		require.NoError(t, err)
+		return s.Unconfirmed == 0
+	}, 30*time.Second, 20*time.Millisecond)
+}
+
 // Scheduled events stay with the polling side of the relay; a message
 // fault parks the event in the table with its reason while the stream
 // goes on.
@@ -429,6 +469,9 @@ func TestNewRelayWALValidation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ferry_orders_v2", r.Config().Slot)
 	require.Equal(t, time.Second, r.Config().StatusInterval)
+	require.Equal(t, outbox.DefaultSettleInterval, r.Config().SettleInterval)
+	_, err = outbox.NewRelay(outbox.RelayConfig{Pool: &pgxpool.Pool{}, Broker: nopBroker{}, Mode: outbox.RelayModeWAL, SettleInterval: time.Minute})
+	require.ErrorContains(t, err, "SettleInterval")
 }
 
 // nopBroker is a broker.Broker for NewRelay's validation only.

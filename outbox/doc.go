@@ -539,28 +539,51 @@
 // row in outbox_wal_slots, ResetWALSlot does both) when a destination is
 // retired, or set max_slot_wal_keep_size.
 //
-// # Retention shapes for the WAL relay (measured, not yet switched)
+// # Retention shapes for the WAL relay (both measured; the DELETE kept)
 //
 // The WAL relay deletes the settled rows (above): one statement and one
-// commit per SettleInterval, and dead tuples for autovacuum. The alternative is a
-// table partitioned by id range whose partitions are dropped once the
-// slot has passed every row of them. BenchmarkRetentionShapes measures
-// both on scratch copies of the outbox's columns (one run, 50,000 rows in
-// transactions of 500, 2026-12-07, the machine loaded by a soak): delete
-// 5.94 µs and 75 WAL bytes per row, plus 0.33 µs and 11 bytes for its
-// VACUUM; partition drop 0.81 µs and 1.7 WAL bytes per row (partitions of
-// 10,000); the producer's insert the same (12.6 µs per row plain, 10.6
-// partitioned). The partition shape is the cheaper one by a factor of
-// about 8 in time and 50 in WAL, and it takes the relay's commit per
-// batch away, which at the end-to-end scenario's small batches (a few
-// rows) is a large part of the relay's commits per event. The outbox is
-// not partitioned yet: an existing table must be converted (a migration
-// that rewrites it, or a new partitioned table beside it while the old
-// one drains), a parked row or a row due later (DueAt) keeps its
-// partition alive (moved to a table of their own, or the partition kept
-// until they are gone), and the polling relay's claim (FOR UPDATE SKIP
-// LOCKED) must be measured on the partitioned table too. Until then both
-// relays use the plain table.
+// commit per SettleInterval, and dead tuples for autovacuum. The
+// alternative is a table partitioned by id range whose partitions are
+// dropped once the slot has passed every row of them.
+// BenchmarkRetentionShapes measures both on scratch copies of the
+// outbox's columns (one run, 50,000 rows in transactions of 500,
+// 2026-12-07, the machine loaded by a soak): delete 5.94 µs and 75 WAL
+// bytes per row, plus 0.33 µs and 11 bytes for its VACUUM; partition drop
+// 0.81 µs and 1.7 WAL bytes per row (partitions of 10,000); the
+// producer's insert the same (12.6 µs per row plain, 10.6 partitioned).
+// Per row, dropping partitions is the cheaper by a factor of about 8 in
+// time and 50 in WAL.
+//
+// ferry keeps the DELETE, because of what the rows mean, not what they
+// cost:
+//   - The delete is the WAL relay's record of what the broker confirmed:
+//     the rows left are exactly the events not yet confirmed. ResetWALSlot
+//     and a slot lost by a failover hand those rows, and only those, to
+//     the polling relay; ReadStats, the stuck-outbox alert, `ferry outbox
+//     stats` and the console read the backlog from them, whatever the
+//     relay's mode. With no write per event, a published row looks like an
+//     unpublished one until its partition is dropped. The record would
+//     move to a watermark per partition (the WAL position at which the
+//     partition was sealed, once no transaction could still write it,
+//     passed by the slot's confirmed position). A reset would then
+//     publish again every row of the partitions not yet passed, and every
+//     backlog figure would have to be read from slot positions, not rows.
+//   - A parked row or a row due later (DueAt) keeps its partition alive,
+//     so partitions would be dropped late or their pinned rows moved.
+//   - Creating partitions ahead and dropping old ones takes an ACCESS
+//     EXCLUSIVE lock on the outbox. Every producer then queues behind the
+//     DDL, which itself waits for the longest open producer transaction
+//     (bounded by a lock_timeout and retried, as pg_partman does).
+//
+// The cost kept is small beside the event's own. Since SettleInterval,
+// the DELETE is one commit per 50 ms, not one per batch: in one loaded
+// run of BenchmarkEndToEnd (nats-wal, batched worker commits, 2,000
+// events), DELETE calls per event went from 0.53 (every batch at once)
+// to 0.14, with 7.4 rows per call. What remains is about 5 µs of
+// PostgreSQL time and 84 WAL bytes per event, against the producer's
+// 12.6 µs and 665 bytes for its insert. The partition shape stays
+// measured (BenchmarkRetentionShapes), for the day the backlog can be read
+// from the slots alone.
 //
 // # Retention
 //

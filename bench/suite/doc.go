@@ -30,9 +30,9 @@
 // and each server's processes and resident memory, read from /proc.
 //
 // Every scenario's relay is the polling relay with one worker transaction
-// per message, except the second run of end-to-end and of peer
-// (VariantWALBatch: the WAL relay and batched worker commits); each
-// Result's RelayMode says which.
+// per message, except the second run of end-to-end and of peer and the
+// last run of latency (VariantWALBatch: the WAL relay and batched worker
+// commits); each Result's RelayMode says which.
 //
 // Elsewhere the relay and the worker run inside the calling process, each with its
 // own database pool and broker connection; every scenario run gets a fresh

@@ -162,7 +162,7 @@ func (r *runner) peer(ctx context.Context, t Target) ([]Result, error) {
 	ferryP99 := map[int]float64{}
 	wmP99 := map[string]map[int]float64{}
 	for _, rt := range rates {
-		fl, err := r.latencyAt(ctx, t, rt)
+		fl, err := r.latencyAt(ctx, t, rt, ferryPoll)
 		if err != nil {
 			return out, fmt.Errorf("ferry latency at %d/s: %w", rt, err)
 		}

@@ -339,7 +339,11 @@ func (r *runner) processes(ctx context.Context, db *database, t Target) ([]runco
 	return procs, strings.Join(notes, "; ")
 }
 
-// latency: commit-to-handled latency at fixed rates.
+// latency: commit-to-handled latency at fixed rates (200 and 1,000
+// events/s, or --rate) with the polling relay, then at the highest of
+// them with the WAL relay and batched worker commits (Variant "1000/s,
+// WAL + batched commits"; "not supported" on a server that cannot stream
+// its WAL).
 func (r *runner) latency(ctx context.Context, t Target) ([]Result, error) {
 	rates := []int{200, 1000}
 	if r.cfg.Rate > 0 {
@@ -347,16 +351,37 @@ func (r *runner) latency(ctx context.Context, t Target) ([]Result, error) {
 	}
 	var out []Result
 	for _, rt := range rates {
-		res, err := r.latencyAt(ctx, t, rt)
+		res, err := r.latencyAt(ctx, t, rt, ferryPoll)
 		if err != nil {
 			return out, fmt.Errorf("at %d/s: %w", rt, err)
 		}
 		out = append(out, res)
 	}
+	rt := rates[len(rates)-1]
+	res, err := r.latencyAt(ctx, t, rt, ferryWALBatch)
+	switch {
+	case errors.Is(err, outbox.ErrWALUnavailable):
+		out = append(out, Result{Variant: latencyVariant(rt, ferryWALBatch), RelayMode: ferryWALBatch.mode, Status: statusUnsupported, Note: err.Error()})
+	case err != nil:
+		return out, fmt.Errorf("at %d/s, %s: %w", rt, ferryWALBatch.name, err)
+	default:
+		out = append(out, res)
+	}
 	return out, nil
 }
 
-func (r *runner) latencyAt(ctx context.Context, t Target, rt int) (Result, error) {
+// latencyVariant is the latency scenario's Result.Variant of a run at rt
+// events/s of ferry set up as v: "1000/s", "1000/s, WAL + batched
+// commits".
+func latencyVariant(rt int, v ferryVariant) string {
+	if v.name == "" {
+		return fmt.Sprintf("%d/s", rt)
+	}
+	return fmt.Sprintf("%d/s, %s", rt, v.name)
+}
+
+// latencyAt is one latency run at rt events/s of ferry set up as v.
+func (r *runner) latencyAt(ctx context.Context, t Target, rt int, v ferryVariant) (Result, error) {
 	// Ten seconds at the rate, at most --messages events.
 	n := max(min(r.cfg.Messages, rt*10), 50)
 	const warm = 20
@@ -379,6 +404,7 @@ func (r *runner) latencyAt(ctx context.Context, t Target, rt int) (Result, error
 	tp := topology()
 	defer r.cleanup(t, tp)
 	p, err := startPipeline(ctx, t, db, tp, parts{relay: true, worker: true, workers: r.cfg.Workers,
+		mode: v.mode, batch: v.batch, linger: v.linger,
 		onHandled: func(m *broker.Message) {
 			id, _ := strconv.ParseInt(m.ID, 10, 64)
 			stamp(handled, id)
@@ -399,7 +425,7 @@ func (r *runner) latencyAt(ctx context.Context, t Target, rt int) (Result, error
 	if err := waitFor(ctx, time.Minute, func() bool { return p.acked.Load() >= warm }, nil); err != nil {
 		return Result{}, fmt.Errorf("warm-up: %w", err)
 	}
-	label := fmt.Sprintf("latency %s %d/s", t.Name, rt)
+	label := fmt.Sprintf("latency %s %s", t.Name, latencyVariant(rt, v))
 	b := r.newBar(label, n)
 	var mu sync.Mutex
 	ids := make([]int64, 0, n)
@@ -429,7 +455,7 @@ func (r *runner) latencyAt(ctx context.Context, t Target, rt int) (Result, error
 		lat = append(lat, time.Duration(handled[id].Load()-committed[id].Load()))
 	}
 	st := Summarize(lat)
-	out := Result{Variant: fmt.Sprintf("%d/s", rt), Messages: n, Seconds: time.Since(base).Seconds(), Latency: &st, Series: cdf(lat)}
+	out := Result{Variant: latencyVariant(rt, v), RelayMode: v.mode, Messages: n, Seconds: time.Since(base).Seconds(), Latency: &st, Series: cdf(lat), Note: v.note()}
 	out.add("p50", st.P50, "ms")
 	out.add("p95", st.P95, "ms")
 	out.add("p99", st.P99, "ms")

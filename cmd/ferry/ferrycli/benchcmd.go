@@ -434,7 +434,17 @@ func benchCleanup(name string, o BrokerOptions) func(context.Context, broker.Top
 	switch name {
 	case "rabbitmq":
 		return func(_ context.Context, tp broker.Topology) error {
-			conn, err := amqp.Dial(o.RabbitMQURL)
+			// --rabbitmq-url may list a cluster's nodes, comma separated:
+			// the first that answers takes the deletes.
+			var (
+				conn *amqp.Connection
+				err  error
+			)
+			for _, u := range strings.Split(o.RabbitMQURL, ",") {
+				if conn, err = amqp.Dial(strings.TrimSpace(u)); err == nil {
+					break
+				}
+			}
 			if err != nil {
 				return err
 			}

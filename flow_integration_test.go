@@ -271,11 +271,11 @@ VALUES ($1, '', 0, 'killed-worker', now() + interval '3 seconds') RETURNING expi
 }
 
 // TestRateLimitOnEveryBroker: WithRateLimit(20, 40) holds the handlers'
-// starts at 20 per second (at most 5 % over, at least 10 % under) over 10
-// s (30 s with FERRY_FLOW_LONG=1), with a backlog that keeps the limit
-// saturated:
-// from the end of the burst of 40 on, the starts of 200 jobs span 10 s,
-// and no second ever holds more than the burst and 21. The burst (2 s at
+// starts at 20 per second over 10 s (30 s with FERRY_FLOW_LONG=1), with a
+// backlog that keeps the limit saturated: no second ever holds more than
+// the burst and 21, the whole run never more than the burst and 20 per
+// second since the first start, and from the end of the burst of 40 on
+// the starts of 200 jobs reach at least 90 % of the rate. The burst (2 s at
 // the rate) covers the queue's 1 s retry level: on RabbitMQ the snoozed
 // deliveries come back in waves one level apart, and with a burst of 5
 // (250 ms) the limiter idled between waves (14.9/s measured): held, not
@@ -340,11 +340,20 @@ func TestRateLimitOnEveryBroker(t *testing.T) {
 		all := float64(len(starts)-burst) / starts[len(starts)-1].Sub(starts[0]).Seconds()
 		t.Logf("%s: %d starts in %v after the burst of %d: %.2f/s (limit %v/s; counted from the first start, burst excluded: %.2f/s)",
 			name, len(steady), span.Round(time.Millisecond), burst, got, rate, all)
-		// Held: at most 5 % over the limit (the sliding check above is
-		// the strict bound). Reached: at least 90 % of it; a loaded
-		// machine slows the snoozed deliveries' return (18.5/s on RabbitMQ
-		// and 18.8/s on Kafka with a pool of 4 while other benchmarks ran).
-		require.LessOrEqual(t, got, rate*1.05, "rate %.2f/s over the limit", got)
+		// Held, over the whole run: GCRA's own bound, the burst and the
+		// rate times the time since the first start (one more, as above).
+		// Not the steady rate: a first start after the burst that comes
+		// late (a loaded machine slows the snoozed deliveries' return)
+		// leaves the limiter owing that time, which it may then give back
+		// within the burst, so the steady figure can pass the limit while
+		// the limit holds (21.2/s seen in a loaded run, 18.2/s from the
+		// first start).
+		elapsed := starts[len(starts)-1].Sub(starts[0]).Seconds()
+		require.LessOrEqual(t, float64(len(starts)), burst+rate*elapsed+1,
+			"%d starts in %.3fs: more than the burst of %d and %v/s", len(starts), elapsed, burst, rate)
+		// Reached: at least 90 % of the limit; a loaded machine slows the
+		// snoozed deliveries' return (18.5/s on RabbitMQ and 18.8/s on
+		// Kafka with a pool of 4 while other benchmarks ran).
 		require.GreaterOrEqual(t, got, rate*0.90, "rate %.2f/s: the limiter idled", got)
 	})
 }

@@ -552,7 +552,6 @@ type walSettled struct {
 	start      time.Time
 	res        batchResult
 	confirmed  time.Time // the last confirm of its Publish calls (zero: none)
-	claimed    int
 	txs        int64
 	end        pglogrepl.LSN
 	incomplete bool
@@ -575,7 +574,7 @@ func (p *walPending) add(r *Relay, group []*walBatch) {
 			p.urgent = p.urgent || len(c.st.failIDs) > 0 || len(c.st.downIDs) > 0
 			var cr batchResult
 			r.settled(&cr, c.p, c.st)
-			s.claimed += len(c.ids)
+			s.res.claimed += len(c.ids)
 			s.res.published += cr.published
 			s.res.failed += cr.failed
 			s.res.publishDur = max(s.res.publishDur, c.p.publishDur)
@@ -586,7 +585,6 @@ func (p *walPending) add(r *Relay, group []*walBatch) {
 				s.confirmed = c.p.confirmedAt
 			}
 		}
-		s.res.claimed = s.claimed
 		p.urgent = p.urgent || b.incomplete
 		p.batches = append(p.batches, s)
 	}
@@ -624,7 +622,7 @@ func (r *Relay) walFlush(ctx context.Context, p *walPending, pl *walPipeline, st
 		if err != nil {
 			res := batchResult{err: fmt.Errorf("outbox: wal relay: settle: %w", err), outage: true, dbFault: true}
 			for _, s := range p.batches {
-				res.claimed = s.claimed
+				res.claimed = s.res.claimed
 				r.observe(ctx, s.start, res)
 			}
 			pl.stop(res)

@@ -155,7 +155,10 @@
 // With Config.BatchSize above 1 (default 1), a handling goroutine takes the
 // deliveries already received — up to BatchSize, waiting at most
 // Config.BatchLinger (200 µs) for each further one, never for a full
-// batch — and handles them in one transaction:
+// batch — and handles them in one transaction. The goroutines take turns
+// to gather, one at a time, so that a delivery arriving during a linger
+// joins the batch being gathered instead of starting a batch of one on an
+// idle goroutine:
 //
 //  1. one INSERT ... SELECT unnest($ids) ON CONFLICT DO NOTHING RETURNING
 //     message_id inserts every dedup row (in sorted ID order, so batches

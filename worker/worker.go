@@ -400,7 +400,7 @@ type Worker struct {
 	// Run (0: none or unknown).
 	deliveryLimit atomic.Int64
 	// gatherTurn, with BatchSize > 1, lets one handling goroutine at a
-	// time receive and gather a batch (see loop).
+	// time receive and gather a batch (see receiveBatch).
 	gatherTurn chan struct{}
 }
 
@@ -701,30 +701,22 @@ func (w *Worker) subscribe(ctx context.Context) (broker.Subscription, error) {
 	return sub, nil
 }
 
-// loop receives and handles deliveries until loopCtx is done.
-//
-// With BatchSize > 1 the handling goroutines take turns (gatherTurn) to
-// receive and gather a batch, and handle it once the turn is passed on.
-// Without turns, every idle goroutine waits in Receive, and a delivery
-// that arrives during one goroutine's BatchLinger goes to an idle one,
-// which starts a batch of its own: on a broker that pushes deliveries
-// one at a time (RabbitMQ) 84 % of them were handled as batches of one
-// (bench/README.md, "The third run").
+// loop receives and handles deliveries until loopCtx is done; with
+// BatchSize > 1 it receives them through receiveBatch.
 func (w *Worker) loop(loopCtx, hctx context.Context, sub broker.Subscription, setFatal func(error)) {
 	backoff := 100 * time.Millisecond
 	for loopCtx.Err() == nil {
-		if w.cfg.BatchSize > 1 {
-			select {
-			case <-loopCtx.Done():
-				return
-			case w.gatherTurn <- struct{}{}:
-			}
+		var (
+			d     broker.Delivery
+			batch []broker.Delivery
+			err   error
+		)
+		if w.cfg.BatchSize == 1 {
+			d, err = sub.Receive(loopCtx)
+		} else {
+			batch, err = w.receiveBatch(loopCtx, sub)
 		}
-		d, err := sub.Receive(loopCtx)
 		if err != nil {
-			if w.cfg.BatchSize > 1 {
-				<-w.gatherTurn
-			}
 			if loopCtx.Err() != nil {
 				return
 			}
@@ -742,14 +734,35 @@ func (w *Worker) loop(loopCtx, hctx context.Context, sub broker.Subscription, se
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		if w.cfg.BatchSize == 1 {
+		if batch == nil {
 			w.handle(loopCtx, hctx, d)
 			continue
 		}
-		batch := w.gather(loopCtx, sub, d)
-		<-w.gatherTurn
 		w.handleBatch(loopCtx, hctx, batch)
 	}
+}
+
+// receiveBatch waits for the gathering turn (gatherTurn), receives a
+// delivery, gathers the batch after it and passes the turn on, so that
+// one handling goroutine at a time gathers. Without turns every idle
+// goroutine waits in Receive, and a delivery that arrives during one
+// goroutine's BatchLinger goes to an idle one, which starts a batch of
+// its own: on a broker that pushes deliveries one at a time (RabbitMQ)
+// 84 % of them were handled as batches of one (bench/README.md, "The
+// third run"). The error is Receive's, or loopCtx's when it is done
+// before the turn comes.
+func (w *Worker) receiveBatch(loopCtx context.Context, sub broker.Subscription) ([]broker.Delivery, error) {
+	select {
+	case <-loopCtx.Done():
+		return nil, loopCtx.Err()
+	case w.gatherTurn <- struct{}{}:
+	}
+	defer func() { <-w.gatherTurn }()
+	d, err := sub.Receive(loopCtx)
+	if err != nil {
+		return nil, err
+	}
+	return w.gather(loopCtx, sub, d), nil
 }
 
 // handle processes one delivery and settles it. runCtx is Run's ctx

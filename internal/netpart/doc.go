@@ -17,8 +17,15 @@
 // sends to Host): they drop packets silently, established connections
 // included, as a real partition does (the senders time out; nothing
 // answers with a reset or an ICMP error). Delay is tc netem on the
-// receiving side's link, where the kernel has netem (ErrNoNetem
-// otherwise).
+// receiving side's link where the kernel has netem. Where it has not (this
+// project's test machine), Delay between two nodes is a userspace proxy in
+// each node's namespace: nftables redirect the node's new TCP connections
+// to the peer to it, it opens the real connection (through the same
+// filters, so loss and cuts still apply) and holds every chunk for the
+// delay, each way; connections opened before are reset once, so the
+// software reconnects through it. It delays TCP only (every broker's
+// replication is TCP), by whole chunks rather than packets, and a pair
+// with Host needs netem (ErrNoNetem).
 //
 // It needs root, iproute2 and nft (compose/local/services.sh netns
 // installs nftables when missing).

@@ -81,6 +81,10 @@ type Net struct {
 	delay  map[rule]time.Duration
 	tcOn   map[string]bool // "ns/dev" holding a root qdisc of ours
 	cmds   []*exec.Cmd
+	netem  bool                   // the kernel has netem (probed by New)
+	proxy  map[string]*delayProxy // node -> its delay proxy, without netem
+
+	delayedConns atomic.Int64 // connections the delay proxies carried
 }
 
 // New makes a network of the named nodes (lower-case letters and digits,
@@ -113,7 +117,7 @@ func New(ctx context.Context, nodes ...string) (*Net, error) {
 	n := &Net{
 		tag: tag, bridge: linkPrefix + tag + "-b", prefix: prefix, nodes: slices.Clone(nodes),
 		ns: map[string]string{}, hostIf: map[string]string{}, ip: map[string]netip.Addr{},
-		drop: map[rule]bool{}, loss: map[rule]int{}, delay: map[rule]time.Duration{}, tcOn: map[string]bool{},
+		drop: map[rule]bool{}, loss: map[rule]int{}, delay: map[rule]time.Duration{}, tcOn: map[string]bool{}, proxy: map[string]*delayProxy{},
 	}
 	base := prefix.Addr().As4()
 	n.ip[Host] = netip.AddrFrom4([4]byte{base[0], base[1], base[2], 1})
@@ -192,7 +196,9 @@ func (n *Net) build(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	var err error
+	n.netem, err = hasNetem(ctx, n.ns[n.nodes[0]])
+	return err
 }
 
 // Nodes returns the node names, in the order New got them.
@@ -319,8 +325,12 @@ func (n *Net) Loss(ctx context.Context, a, b string, percent int) error {
 
 // Delay adds d to every packet between a and b, each way (tc netem on the
 // receiving node's bridge port; a Host-bound direction on the bridge
-// itself). It returns an error wrapping ErrNoNetem on a kernel without
-// netem.
+// itself). On a kernel without netem it delays TCP between two nodes in
+// userspace (delayProxy: each node's new connections to the other pass a
+// proxy in its namespace that holds every chunk for d each way; the
+// connections open before are reset once, so their software reconnects
+// through it; UDP is not delayed), and returns an error wrapping
+// ErrNoNetem for a pair with Host.
 func (n *Net) Delay(ctx context.Context, a, b string, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("netpart: delay %v: want > 0", d)
@@ -440,6 +450,9 @@ func (n *Net) renderDelay(ctx context.Context, node string) error {
 			out[n.ip[Host]] = d
 		}
 	}
+	if !n.netem {
+		return n.renderProxyDelay(ctx, node)
+	}
 	return errors.Join(
 		n.tcDelay(ctx, "", n.hostIf[node], in, "src"),
 		n.tcDelay(ctx, n.ns[node], nodeDev, out, "dst"))
@@ -529,7 +542,12 @@ func (n *Net) Close() error {
 	n.closed = true
 	cmds := n.cmds
 	n.cmds = nil
+	proxies := n.proxy
+	n.proxy = map[string]*delayProxy{}
 	n.mu.Unlock()
+	for _, p := range proxies {
+		p.close()
+	}
 	for _, c := range cmds {
 		if c.Process != nil && c.ProcessState == nil {
 			_ = c.Process.Kill()

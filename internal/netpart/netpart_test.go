@@ -2,7 +2,6 @@ package netpart
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -86,6 +85,19 @@ func (p *peers) dial(from, to string) error {
 	}
 	defer conn.Close()
 	return echo(conn)
+}
+
+// open connects from node from to to's echo server and returns the
+// connection, closed when the test ends.
+func (p *peers) open(from, to string) net.Conn {
+	p.t.Helper()
+	var conn net.Conn
+	require.NoError(p.t, p.net.Do(from, func() (err error) {
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort(p.net.IP(to).String(), strconv.Itoa(tcpPort)), time.Second)
+		return err
+	}))
+	p.t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func echo(conn net.Conn) error {
@@ -237,29 +249,44 @@ func TestLoss(t *testing.T) {
 func TestDelay(t *testing.T) {
 	p := setup(t, "a", "b")
 	const d = 300 * time.Millisecond
-	err := p.net.Delay(ctx(t), "a", "b", d)
-	if errors.Is(err, ErrNoNetem) {
-		// This kernel cannot delay packets (no sch_netem): what is checked
-		// then is that Delay says so and leaves the network as it was.
-		p.connected()
-		t.Logf("no netem in this kernel: %v; checked that the network is unchanged", err)
-		return
-	}
-	require.NoError(t, err)
+	before := p.open("a", "b") // opened before the delay, kept across it
+	require.NoError(t, echo(before))
+	require.NoError(t, p.net.Delay(ctx(t), "a", "b", d))
 	rtt := func(from, to string) time.Duration {
 		start := time.Now()
 		require.NoError(t, p.dial(from, to))
 		return time.Since(start)
 	}
-	// A connect and an echo cross the link four times; each crossing
-	// adds d.
-	require.GreaterOrEqual(t, rtt("a", "b"), d)
-	require.GreaterOrEqual(t, rtt("b", "a"), d)
-	require.NoError(t, p.net.Delay(ctx(t), Host, "a", d))
-	require.GreaterOrEqual(t, rtt(Host, "a"), d)
+	// An echo crosses the link twice (a connect twice more with netem);
+	// each crossing adds d.
+	require.GreaterOrEqual(t, rtt("a", "b"), 2*d)
+	require.GreaterOrEqual(t, rtt("b", "a"), 2*d)
+	var during net.Conn
+	if p.net.netem {
+		require.NoError(t, p.net.Delay(ctx(t), Host, "a", d))
+		require.GreaterOrEqual(t, rtt(Host, "a"), d)
+	} else {
+		// The userspace delay (this kernel has no netem): Host's pairs are
+		// refused, a connection that bypassed the proxy is reset at its
+		// next packet, and one made through it is delayed.
+		t.Log("no netem in this kernel: the delay is the userspace proxy's")
+		require.ErrorIs(t, p.net.Delay(ctx(t), Host, "a", d), ErrNoNetem)
+		require.Error(t, echo(before), "a connection opened before the delay is reset")
+		during = p.open("a", "b")
+		start := time.Now()
+		require.NoError(t, echo(during))
+		require.GreaterOrEqual(t, time.Since(start), 2*d)
+		require.Positive(t, p.net.DelayedConns())
+	}
 	require.NoError(t, p.net.Heal(ctx(t)))
 	require.Less(t, rtt("a", "b"), d, "the delay is gone after Heal")
 	require.Less(t, rtt(Host, "a"), d)
+	if during != nil {
+		start := time.Now()
+		require.NoError(t, echo(during), "a proxied connection stays open across Heal")
+		require.Less(t, time.Since(start), d, "and is no longer delayed")
+	}
+	p.connected()
 }
 
 func TestFlap(t *testing.T) {

@@ -73,7 +73,7 @@ test-flow-long:
 # cluster (services.sh up rabbitmq-cluster, ...) and stops it at its end.
 test-cluster:
 	$(SERVICES) up postgres rabbitmq && $(SERVICES) netns >/dev/null && eval "$$($(SERVICES) env postgres rabbitmq)" && \
-		FERRY_CLUSTER_PHASE=15s FERRY_PARTITION_RABBITMQ=1 FERRY_PARTITION_LONG=1 $(GO) test -count=1 -timeout 60m -v -run 'TestFailover|TestPartition' ./internal/cluster/ | grep -E '^(=== RUN|---|PASS|FAIL|ok)|RESULT|PARTITION|kill|SIGSTOP|restart node|cut node|cut and heal|drop the packets|drop 5%|cluster up'; test $${PIPESTATUS[0]} = 0
+		FERRY_CLUSTER_PHASE=15s FERRY_PARTITION_RABBITMQ=1 FERRY_PARTITION_LONG=1 $(GO) test -count=1 -timeout 60m -v -run 'TestFailover|TestPartition' ./internal/cluster/ | grep -E '^(=== RUN|---|PASS|FAIL|ok)|RESULT|PARTITION|kill|SIGSTOP|restart node|cut node|cut and heal|drop the packets|drop 5%|delay|cluster up'; test $${PIPESTATUS[0]} = 0
 
 # go.mod must be tidy: direct dependencies not marked indirect, nothing missing.
 # So must the Watermill peer's (bench/watermill, a module of its own), which

@@ -69,8 +69,9 @@ type Config struct {
 	// never burned by an immediate Nak. Defaults to 100 ms.
 	MinRetryDelay time.Duration
 	// PullWait is how long one pull request waits on the server for
-	// messages before it is renewed (JetStream pull "expires"). Defaults to
-	// 2 s.
+	// messages before it is renewed (JetStream pull "expires"), once a
+	// short pull for the prefetch's room found the queue empty. Defaults
+	// to 2 s.
 	PullWait time.Duration
 	// LookupExchange is the exchange on which DLQ looks for a queue this
 	// broker did not Declare (an operator's tool such as ferry dlq, which

@@ -146,8 +146,9 @@ const pullLinger = 5 * time.Millisecond
 // fetch sends one pull request for up to n messages that waits up to
 // wait on the server, on an inbox of its own, and moves what arrives into
 // the buffer until n messages arrived, the server ends the request (408
-// when wait expired) or the subscription closes. shutdown unsubscribes the inbox, so the server
-// stops delivering to a request nobody listens to any more.
+// when wait expired) or the subscription closes. shutdown unsubscribes
+// the inbox, so the server stops delivering to a request nobody listens
+// to any more.
 func (s *subscription) fetch(n int, wait time.Duration) {
 	start := time.Now()
 	got, err := s.pull(n, wait)

@@ -34,7 +34,7 @@ var (
 	// ErrUnknownNode is wrapped by the error of an operation naming a node
 	// the network does not have.
 	ErrUnknownNode = errors.New("netpart: unknown node")
-	// ErrNoNetem is wrapped by Delay's error when the kernel has no netem
+	// ErrNoNetem is wrapped by Delay's error for a pair with Host when the kernel has no netem
 	// queueing discipline (CONFIG_NET_SCH_NETEM), so no delay can be added.
 	ErrNoNetem = errors.New("netpart: the kernel has no netem (CONFIG_NET_SCH_NETEM)")
 	// ErrClosed is returned by operations on a closed network.
@@ -497,9 +497,6 @@ func (n *Net) tcDelay(ctx context.Context, ns, dev string, delays map[netip.Addr
 		}
 		us := strconv.FormatInt(delays[a].Microseconds(), 10) + "us"
 		if err := tc("qdisc", "add", "dev", dev, "parent", class, "netem", "delay", us); err != nil {
-			if strings.Contains(err.Error(), "qdisc kind is unknown") || strings.Contains(err.Error(), "Unknown qdisc") {
-				return fmt.Errorf("%w: %v", ErrNoNetem, err)
-			}
 			return err
 		}
 		if err := tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", "match", "ip", field, a.String()+"/32", "flowid", class); err != nil {
